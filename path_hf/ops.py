@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 from functools import cache
+from itertools import pairwise
 
 import torch
 
@@ -360,7 +361,7 @@ def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, 
         k_cache = torch.cat(
             [
                 _sequence_transformed_keys(k[:, a:b], w[:, a:b], beta[:, a:b], C, dtype)
-                for a, b in zip(bounds, bounds[1:])
+                for a, b in pairwise(bounds)
             ],
             dim=1,
         )
