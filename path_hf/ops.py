@@ -22,10 +22,13 @@ from functools import cache
 from itertools import pairwise
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 BACKENDS = ("auto", "torch", "fla")
 # Head dims FLA's Triton kernels are compiled for (fla/ops/path_attn/parallel.py).
 FLA_HEAD_DIMS = (16, 32, 64, 128)
+# Torch backend: block diagonals walked between two activation checkpoints when training.
+_STEPS_PER_CHECKPOINT = 8
 
 
 @cache
@@ -326,28 +329,40 @@ def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, 
     m = s.amax(-1, keepdim=True)
     acc = torch.exp(s - m) @ vc  # [N, B, H, G * C, DV + 1]: unnormalised output and softmax denominator
 
-    # Off-diagonal blocks, one block diagonal per step. Without autograd, update buffers in place (fewer passes).
-    in_place = not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, w, beta, g)))
-    # Chunk m is complete after step m: move it to `done`.
+    # Off-diagonal blocks, one block diagonal per step d: query chunk m meets key chunk m - d. Chunk m is complete
+    # after step m and moves to `done`.
     last_step = N - 1
     if seg is not None:  # no sequence spans more than this many chunk boundaries
         ids = seg.flatten()[:T]
         last_step = int((torch.arange(T, device=q.device) // C - (cu_seqlens[:-1] // C)[ids]).max())
+    # Without autograd, update the buffers in place (fewer memory passes).
+    in_place = not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, w, beta, g)))
+
+    def walk(first: int, stop: int, acc, m, q_run):
+        finished = []
+        for d in range(first, stop):
+            s = block_logits(q_run @ k_end[: N - d].transpose(-1, -2), slice(d, N), slice(0, N - d))
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            if in_place:
+                acc = acc.mul_(torch.exp(m - m_new)).add_(s.sub_(m_new).exp_() @ vc[: N - d])
+            else:
+                acc = acc * torch.exp(m - m_new) + torch.exp(s - m_new) @ vc[: N - d]
+            finished.append(acc[:1])
+            acc, m = acc[1:], m_new[1:]
+            if d < last_step:
+                q_run = q_run[1:] @ p[1 : N - d]
+        return torch.cat(finished), acc, m, q_run
+
     done = [acc[:1]]
-    acc, m = acc[1:], m[1:]
-    q_run = q_start[1:]
-    for d in range(1, last_step + 1):
-        s = block_logits(q_run @ k_end[: N - d].transpose(-1, -2), slice(d, N), slice(0, N - d))
-        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+    state = (acc[1:], m[1:], q_start[1:])
+    for first in range(1, last_step + 1, _STEPS_PER_CHECKPOINT):
+        stop = min(first + _STEPS_PER_CHECKPOINT, last_step + 1)
         if in_place:
-            acc = acc.mul_(torch.exp(m - m_new)).add_(s.sub_(m_new).exp_() @ vc[: N - d])
-        else:
-            acc = acc * torch.exp(m - m_new) + torch.exp(s - m_new) @ vc[: N - d]
-        done.append(acc[:1])
-        acc, m = acc[1:], m_new[1:]
-        if d < last_step:
-            q_run = q_run[1:] @ p[1 : N - d]
-    done.append(acc)
+            finished, *state = walk(first, stop, *state)
+        else:  # keep only the segment boundaries for backward, recompute the steps: memory O(T * (C + D))
+            finished, *state = checkpoint(walk, first, stop, *state, use_reentrant=False)
+        done.append(finished)
+    done.append(state[0])
 
     acc = torch.cat(done)
     o = (acc[..., :DV] / acc[..., DV:]).unflatten(-2, (G, C)).transpose(-2, -3)  # [N, B, H, C, G, DV]
@@ -359,10 +374,7 @@ def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, 
     else:  # each sequence's keys stop at its own end
         bounds = cu_seqlens.tolist()
         k_cache = torch.cat(
-            [
-                _sequence_transformed_keys(k[:, a:b], w[:, a:b], beta[:, a:b], C, dtype)
-                for a, b in pairwise(bounds)
-            ],
+            [_sequence_transformed_keys(k[:, a:b], w[:, a:b], beta[:, a:b], C, dtype) for a, b in pairwise(bounds)],
             dim=1,
         )
     return o, k_cache.to(k.dtype)
