@@ -133,7 +133,11 @@ def path_attention(
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if resolve_backend(backend, q, v) == "fla":
-        from fla.ops.path_attn.parallel import parallel_path_attn
+        # Inside `try`: transformers' check_imports then does not require fla for a trust_remote_code load.
+        try:
+            from fla.ops.path_attn.parallel import parallel_path_attn
+        except ImportError as e:
+            raise ValueError(f"backend='fla' needs flash-linear-attention: {e}. Use backend='torch'.") from e
 
         # FLA keeps w, beta and g in fp32 for precision (and asserts it).
         o, k_cache = parallel_path_attn(
@@ -289,7 +293,9 @@ def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, 
     qc = _to_chunks(q.view(B, T, H, G, D), N, C, dtype).transpose(-2, -3).reshape(N, B, H, G * C, D) * scale
     kc, wc = _to_chunks(k, N, C, dtype), _to_chunks(w, N, C, dtype)
     # A ones column on v makes every `e @ v` also return the softmax denominator.
-    vc = _to_chunks(torch.cat([v, v.new_ones(*v.shape[:-1], 1)], -1), N, C, dtype)
+    # (padded keys get it too, so padded rows of a packed batch have a nonzero denominator).
+    vc = _to_chunks(v, N, C, dtype)
+    vc = torch.cat([vc, vc.new_ones(*vc.shape[:-1], 1)], -1)
     u, c, k_end, p = _chunk_householder(kc, wc, _to_chunks(beta, N, C, dtype))  # zero beta past T: identity
 
     seg = None if cu_seqlens is None else _segment_ids(cu_seqlens, N * C).view(N, C)
