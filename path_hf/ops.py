@@ -88,6 +88,8 @@ def _check_inputs(q, k, v, w, beta, g, cu_seqlens) -> None:
     if g is not None and g.shape != q.shape[:3]:
         raise ValueError(f"g must be [B, T, HQ] = {tuple(q.shape[:3])}; got {tuple(g.shape)}.")
     if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor):
+            raise ValueError(f"cu_seqlens must be an integer tensor, got {type(cu_seqlens).__name__}.")
         if B != 1:
             raise ValueError(
                 f"With cu_seqlens the batch size must be 1, got {B}: flatten the packed sequences into one row."
@@ -130,6 +132,8 @@ def path_attention(
         `k_cache_j = H_e ... H_{j+1} k_j`, e the last position of j's sequence.
     """
     _check_inputs(q, k, v, w, beta, g, cu_seqlens)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}.")
     if scale is None:
         scale = q.shape[-1] ** -0.5
     if resolve_backend(backend, q, v) == "fla":

@@ -1,0 +1,309 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from path_reference import (
+    assert_close,
+    householder_matrices,
+    householder_product,
+    make_inputs,
+    path_attention_reference,
+    path_scores_reference,
+)
+
+from path_hf.ops import naive_path_attention, path_attention, resolve_backend
+
+
+def forward_backward(
+    fn, inputs: dict[str, torch.Tensor | None], do: torch.Tensor, **kwargs
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Output of fn(**inputs, **kwargs)[0] and the gradients of <o, do> for every input that is not None."""
+    o = fn(**inputs, **kwargs)[0]
+    leaves = {name: x for name, x in inputs.items() if x is not None}
+    grads = torch.autograd.grad(o, list(leaves.values()), do)
+    return o, dict(zip(leaves, grads, strict=True))
+
+
+def case_id(B: int, T: int, HQ: int, H: int, D: int, DV: int, gate: bool, chunk_size: int | None = None) -> str:
+    chunk = "" if chunk_size is None else f"-C{chunk_size}"
+    return f"B{B}-T{T}-HQ{HQ}-H{H}-D{D}-DV{DV}{chunk}-{'gate' if gate else 'nogate'}"
+
+
+# (B, T, HQ, H, D, DV, gate, chunk_size)
+REFERENCE_CASES = [
+    (1, 1, 2, 2, 32, 32, False, 64),
+    (1, 1, 4, 2, 16, 16, True, 16),
+    (2, 130, 4, 2, 48, 48, True, 64),
+    (1, 130, 8, 2, 32, 32, False, 64),
+    (2, 77, 4, 4, 32, 16, True, 16),
+    (1, 64, 2, 1, 16, 24, True, 32),
+    (2, 100, 2, 2, 64, 64, False, 32),
+    (1, 33, 4, 2, 48, 64, True, 16),
+]
+
+
+def test_reference_scores_are_explicit_householder_products():
+    # The reference applies H_t to the keys one at a time; check it against P_ij formed as a matrix product.
+    x = make_inputs(2, 7, 4, 2, 5)
+    scores, k_cache = path_scores_reference(x["q"], x["k"], x["w"], x["beta"])
+    householder = householder_matrices(x["w"], x["beta"])
+    assert torch.isneginf(scores.masked_select(torch.ones(7, 7, dtype=torch.bool).triu(1))).all()
+    for i in range(7):
+        for j in range(i + 1):
+            transported_k = (householder_product(householder, i, j) @ x["k"][:, j, :, :, None]).squeeze(-1)
+            expected = (x["q"][:, i] * transported_k.repeat_interleave(2, dim=1)).sum(-1)
+            torch.testing.assert_close(scores[:, :, i, j], expected, rtol=1e-12, atol=1e-12)
+            if i == 6:
+                torch.testing.assert_close(k_cache[:, j], transported_k, rtol=1e-12, atol=1e-12)
+
+
+def test_reference_without_householder_is_causal_attention():
+    # beta = 0 makes every H_t the identity: PaTH reduces to plain causal softmax attention.
+    x = make_inputs(2, 20, 4, 2, 8)
+    with torch.no_grad():
+        o, _ = path_attention_reference(**{**x, "beta": torch.zeros_like(x["beta"])})
+        expected = F.scaled_dot_product_attention(
+            *(x[name].transpose(1, 2) for name in ("q", "k", "v")), is_causal=True, enable_gqa=True
+        ).transpose(1, 2)
+    torch.testing.assert_close(o, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("B", "T", "HQ", "H", "D", "DV", "gate", "chunk_size"),
+    [pytest.param(*case, id=case_id(*case)) for case in REFERENCE_CASES],
+)
+def test_torch_backend_vs_reference(B, T, HQ, H, D, DV, gate, chunk_size):
+    x = make_inputs(B, T, HQ, H, D, DV, gate=gate, seed=T + D)
+    do = torch.randn(B, T, HQ, DV, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    ref, ref_grads = forward_backward(path_attention_reference, x, do)
+    out, grads = forward_backward(path_attention, x, do, backend="torch", chunk_size=chunk_size)
+
+    assert out.dtype == torch.float64
+    assert_close("o", ref, out, 1e-10)
+    for name in ref_grads:
+        assert_close(f"d{name}", ref_grads[name], grads[name], 1e-10)
+
+
+@pytest.mark.parametrize(
+    ("B", "T", "HQ", "H", "D", "DV", "gate"),
+    [pytest.param(*case, id=case_id(*case)) for case in [(2, 37, 4, 2, 16, 24, True), (1, 20, 2, 2, 48, 48, False)]],
+)
+def test_naive_path_attention_vs_reference(B, T, HQ, H, D, DV, gate):
+    x = make_inputs(B, T, HQ, H, D, DV, gate=gate, seed=T)
+    do = torch.randn(B, T, HQ, DV, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    ref, ref_grads = forward_backward(path_attention_reference, x, do)
+    out, grads = forward_backward(lambda **inputs: (naive_path_attention(**inputs),), x, do)
+    assert_close("o", ref, out, 1e-10)
+    for name in ref_grads:
+        assert_close(f"d{name}", ref_grads[name], grads[name], 1e-10)
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0])
+def test_torch_backend_scale(scale):
+    x = make_inputs(1, 40, 2, 1, 16, gate=True)
+    do = torch.randn(1, 40, 2, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    ref, ref_grads = forward_backward(path_attention_reference, x, do, scale=scale)
+    out, grads = forward_backward(path_attention, x, do, scale=scale, backend="torch", chunk_size=16)
+    assert_close("o", ref, out, 1e-10)
+    for name in ref_grads:
+        assert_close(f"d{name}", ref_grads[name], grads[name], 1e-10)
+
+
+@pytest.mark.parametrize(
+    ("B", "T", "HQ", "H", "D", "DV", "gate", "chunk_size"),
+    [
+        pytest.param(*case, id=case_id(*case))
+        for case in [
+            (2, 130, 8, 2, 64, 64, True, 64),
+            (1, 100, 4, 4, 32, 48, False, 32),
+            (3, 17, 2, 1, 16, 16, True, 16),
+        ]
+    ],
+)
+@pytest.mark.filterwarnings("ignore::ImportWarning", "ignore::DeprecationWarning", "ignore:Triton is not supported")
+def test_torch_backend_vs_fla_naive(B, T, HQ, H, D, DV, gate, chunk_size):
+    from fla.ops.path_attn.naive import naive_path_attn
+
+    x = make_inputs(B, T, HQ, H, D, DV, gate=gate, dtype=torch.float32, seed=T)
+    do = torch.randn(B, T, HQ, DV, generator=torch.Generator().manual_seed(1))
+    scale = D**-0.5
+
+    def naive(q, k, v, w, beta, g):
+        # FLA's naive reference needs an explicit scale and a gate tensor
+        return (naive_path_attn(q, k, v, w, beta, torch.zeros(B, T, HQ) if g is None else g, scale),)
+
+    ref, ref_grads = forward_backward(naive, x, do)
+    out, grads = forward_backward(path_attention, x, do, backend="torch", chunk_size=chunk_size)
+
+    assert out.dtype == torch.float32
+    assert_close("o", ref, out, 1e-4)
+    for name in ref_grads:
+        assert_close(f"d{name}", ref_grads[name], grads[name], 1e-4)
+
+
+@pytest.mark.parametrize(
+    ("B", "T", "HQ", "H", "D", "DV", "gate", "chunk_size"),
+    [
+        pytest.param(*case, id=case_id(*case))
+        for case in [(2, 70, 4, 2, 32, 32, True, 32), (1, 5, 2, 2, 16, 16, False, 64)]
+    ],
+)
+def test_torch_backend_low_precision(B, T, HQ, H, D, DV, gate, chunk_size):
+    # What a bf16 model passes: q, k, v in bf16, while w, beta and g stay in float32
+    x = make_inputs(B, T, HQ, H, D, DV, gate=gate, seed=T)
+    with torch.no_grad():
+        ref, ref_k_cache = path_attention_reference(**x)
+        low = {
+            name: None if t is None else t.to(torch.bfloat16 if name in ("q", "k", "v") else torch.float32)
+            for name, t in x.items()
+        }
+        out, k_cache = path_attention(**low, backend="torch", chunk_size=chunk_size, return_k_cache=True)
+    assert out.dtype == k_cache.dtype == torch.bfloat16
+    assert_close("o", ref, out, 2e-2)
+    assert_close("k_cache", ref_k_cache, k_cache, 2e-2)
+
+
+@pytest.mark.parametrize(
+    ("B", "T", "HQ", "H", "D", "DV", "gate", "chunk_size"),
+    [
+        pytest.param(*case, id=case_id(*case))
+        for case in [
+            (1, 1, 2, 2, 16, 16, False, 16),
+            (2, 130, 4, 2, 48, 32, True, 64),
+            (1, 96, 8, 2, 32, 32, False, 32),
+            (2, 40, 2, 2, 16, 16, True, 16),
+        ]
+    ],
+)
+def test_k_cache_vs_reference(B, T, HQ, H, D, DV, gate, chunk_size):
+    x = make_inputs(B, T, HQ, H, D, DV, gate=gate, seed=T)
+    with torch.no_grad():
+        ref, ref_k_cache = path_attention_reference(**x)
+        out, k_cache = path_attention(**x, backend="torch", chunk_size=chunk_size, return_k_cache=True)
+        out_without_cache, no_cache = path_attention(**x, backend="torch", chunk_size=chunk_size)
+    assert no_cache is None
+    assert k_cache.shape == x["k"].shape and k_cache.dtype == x["k"].dtype
+    assert_close("k_cache", ref_k_cache, k_cache, 1e-10)
+    assert_close("o", ref, out, 1e-10)
+    torch.testing.assert_close(out_without_cache, out, rtol=0, atol=0)
+
+
+# (cu_seqlens, HQ, H, D, gate, chunk_size): short sequences, sequences shorter than a chunk, boundaries inside a chunk
+VARLEN_CASES = [
+    ([0, 5, 70, 100], 4, 2, 32, True, 32),
+    ([0, 1, 64, 130], 2, 2, 16, False, 64),
+    ([0, 3, 4, 20, 21], 4, 1, 16, True, 16),
+    ([0, 50], 2, 2, 48, True, 16),
+    ([0, 10, 40, 64], 4, 2, 16, True, 32),
+]
+
+
+@pytest.mark.parametrize(
+    ("cu_seqlens", "HQ", "H", "D", "gate", "chunk_size"),
+    [
+        pytest.param(
+            *case,
+            id=f"cu{'-'.join(map(str, case[0]))}-HQ{case[1]}-H{case[2]}-D{case[3]}-C{case[5]}-"
+            f"{'gate' if case[4] else 'nogate'}",
+        )
+        for case in VARLEN_CASES
+    ],
+)
+def test_varlen_vs_per_sequence(cu_seqlens, HQ, H, D, gate, chunk_size):
+    T = cu_seqlens[-1]
+    x = make_inputs(1, T, HQ, H, D, gate=gate, seed=T)
+    do = torch.randn(1, T, HQ, D, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def per_sequence(**inputs):
+        outputs = [
+            path_attention(
+                **{name: None if t is None else t[:, bos:eos] for name, t in inputs.items()},
+                backend="torch",
+                chunk_size=chunk_size,
+                return_k_cache=True,
+            )
+            for bos, eos in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True)
+        ]
+        return tuple(torch.cat(parts, dim=1) for parts in zip(*outputs, strict=True))
+
+    def packed(**inputs):
+        return path_attention(
+            **inputs,
+            cu_seqlens=torch.tensor(cu_seqlens),
+            backend="torch",
+            chunk_size=chunk_size,
+            return_k_cache=True,
+        )
+
+    ref, ref_grads = forward_backward(per_sequence, x, do)
+    out, grads = forward_backward(packed, x, do)
+    assert_close("o", ref, out, 1e-10)
+    for name in ref_grads:
+        assert_close(f"d{name}", ref_grads[name], grads[name], 1e-10)
+    with torch.no_grad():
+        ref_k_cache, k_cache = per_sequence(**x)[1], packed(**x)[1]
+    assert_close("k_cache", ref_k_cache, k_cache, 1e-10)
+
+    # and each sequence against the brute force
+    with torch.no_grad():
+        for bos, eos in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True):
+            seq_ref, seq_k_cache = path_attention_reference(
+                **{name: None if t is None else t[:, bos:eos] for name, t in x.items()}
+            )
+            assert_close(f"o[{bos}:{eos}]", seq_ref, out[:, bos:eos], 1e-10)
+            assert_close(f"k_cache[{bos}:{eos}]", seq_k_cache, k_cache[:, bos:eos], 1e-10)
+
+
+def test_resolve_backend_on_cpu():
+    q = torch.randn(1, 4, 2, 16)
+    assert resolve_backend("auto", q) == "torch"
+    assert resolve_backend("torch", q) == "torch"
+    with pytest.raises(ValueError, match="backend"):
+        resolve_backend("flash", q)
+
+
+def error_inputs(B: int = 1, T: int = 8, HQ: int = 4, H: int = 2, D: int = 16, DV: int = 16) -> dict[str, torch.Tensor]:
+    x = make_inputs(B, T, HQ, H, D, DV, dtype=torch.float32)
+    return {name: t.detach() for name, t in x.items() if t is not None}
+
+
+def test_error_k_w_shapes_differ():
+    x = error_inputs()
+    x["w"] = F.normalize(torch.randn(1, 8, 2, 32), dim=-1)
+    with pytest.raises(ValueError) as error:
+        path_attention(**x, backend="torch")
+    message = str(error.value)
+    assert "w" in message and "k" in message and "(1, 8, 2, 32)" in message and "(1, 8, 2, 16)" in message
+
+
+def test_error_heads_not_divisible():
+    x = error_inputs(HQ=3, H=2)
+    with pytest.raises(ValueError) as error:
+        path_attention(**x, backend="torch")
+    message = str(error.value)
+    assert "(3)" in message and "(2)" in message and "multiple" in message
+
+
+def test_error_cu_seqlens_with_batch():
+    x = error_inputs(B=2)
+    with pytest.raises(ValueError) as error:
+        path_attention(**x, cu_seqlens=torch.tensor([0, 3, 8]), backend="torch")
+    message = str(error.value)
+    assert "cu_seqlens" in message and "2" in message and "flatten" in message
+
+
+def test_error_cu_seqlens_not_covering_sequence():
+    x = error_inputs()
+    with pytest.raises(ValueError) as error:
+        path_attention(**x, cu_seqlens=torch.tensor([0, 3, 6]), backend="torch")
+    message = str(error.value)
+    assert "cu_seqlens" in message and "T=8" in message and "[0, 3, 6]" in message
+
+
+@pytest.mark.parametrize(("D", "DV"), [(48, 48), (32, 24)], ids=["D48", "D32-DV24"])
+def test_error_fla_head_dim(D, DV):
+    x = error_inputs(D=D, DV=DV)
+    with pytest.raises(ValueError) as error:
+        path_attention(**x, backend="fla")
+    message = str(error.value)
+    assert str(DV if D in (16, 32, 64, 128) else D) in message and "backend='torch'" in message
