@@ -307,3 +307,14 @@ def test_error_fla_head_dim(D, DV):
         path_attention(**x, backend="fla")
     message = str(error.value)
     assert str(DV if D in (16, 32, 64, 128) else D) in message and "backend='torch'" in message
+
+
+def test_error_cu_seqlens_not_a_tensor():
+    x = error_inputs()
+    with pytest.raises(ValueError, match="cu_seqlens must be an integer tensor, got list"):
+        path_attention(**x, cu_seqlens=[0, 3, 8], backend="torch")
+
+
+def test_error_chunk_size():
+    with pytest.raises(ValueError, match="chunk_size must be a positive integer, got 0"):
+        path_attention(**error_inputs(), backend="torch", chunk_size=0)
