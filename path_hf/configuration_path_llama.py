@@ -1,0 +1,140 @@
+# Copyright 2026 The path-hf authors. Apache-2.0.
+"""PaTHLlama model configuration."""
+
+from huggingface_hub.dataclasses import strict
+from transformers import LlamaConfig
+
+ROPE_MODES = ("drop", "keep")
+PATH_BACKENDS = ("auto", "torch", "fla")
+PATH_INITS = ("default", "identity")
+# Cache layer type of the PaTH layers (registered by cache_path_llama.PaTHCacheLayer).
+PATH_LAYER_TYPE = "path_attention"
+
+
+@strict
+class PaTHLlamaConfig(LlamaConfig):
+    r"""
+    Configuration of a Llama-architecture decoder whose attention layers use PaTH position encoding (Yang et al.,
+    2025, arXiv 2505.16381): the logit of query i and key j is `q_i^T H_i H_{i-1} ... H_{j+1} k_j` with data-dependent
+    Householder transforms `H_t = I - beta_t w_t w_t^T`. Every [`LlamaConfig`] field keeps its meaning; the fields
+    below are added. It also describes Qwen2 (`attention_bias=True, attention_o_bias=False`) and Qwen3
+    (`qk_norm=True`, explicit `head_dim`) checkpoints, so their state dicts load without renaming.
+
+    Args:
+        attention_o_bias (`bool`, *optional*):
+            Whether `o_proj` has a bias. `None` means the same as `attention_bias` (Llama); Qwen2 has q/k/v biases
+            and no `o_proj` bias.
+        qk_norm (`bool`, *optional*, defaults to `False`):
+            Per-head RMSNorm on queries and keys before RoPE (`self_attn.q_norm` / `self_attn.k_norm`, as in Qwen3).
+        rope_mode (`str`, *optional*, defaults to `"drop"`):
+            What PaTH layers do with RoPE. `"drop"`: PaTH replaces RoPE (the paper). `"keep"`: RoPE is applied to
+            q and k and the PaTH transforms act on top, so with `beta = 0` a PaTH layer computes exactly what the
+            source RoPE layer did.
+        path_layers (`list[int]`, *optional*):
+            Indices of the layers that use PaTH attention; the others are the source model's RoPE softmax
+            attention. `None` means every layer.
+        path_forget_gate (`bool`, *optional*, defaults to `False`):
+            Add the forget gate of PaTH-FoX: the logit of (i, j) gains `sum_{j<s<=i} g_s` per query head, with
+            `g = log sigmoid(g_proj(x))`.
+        path_w_rank (`int`, *optional*):
+            Rank of the projection producing `w`. `None`: full rank, `Linear(hidden_size, num_key_value_heads *
+            head_dim)`. An int r: `Linear(hidden_size, r)` followed by `Linear(r, num_key_value_heads * head_dim)`.
+        path_conv_size (`int`, *optional*, defaults to 3):
+            Kernel size of the depthwise causal convolution (followed by SiLU) applied to `w` before it is
+            L2-normalised. 0 turns it off.
+        path_beta_max (`float`, *optional*, defaults to 1.9):
+            `beta = path_beta_max * sigmoid(bt_proj(x))`, in (0, 2]. Values of beta near 2 (eigenvalue -1) can make
+            bf16 training diverge, hence a default below 2.
+        path_backend (`str`, *optional*, defaults to `"auto"`):
+            Kernel computing PaTH attention: `"fla"` (flash-linear-attention's Triton kernel), `"torch"` (any
+            device and head dim) or `"auto"` (FLA on CUDA when installed and supported, torch otherwise).
+        path_init (`str`, *optional*, defaults to `"default"`):
+            How the PaTH parameters start. `"default"`: FLA's random init. `"identity"`: the gains of `bt_proj`
+            (and of `g_proj`) start at 0, so every Householder transform is exactly the identity (and the forget
+            gate exactly 1) while the gains still receive gradients, so PaTH switches on at the first optimizer
+            step. With `rope_mode="keep"` an identity-initialised model computes what its source model computed.
+
+    ```python
+    >>> from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
+
+    >>> config = PaTHLlamaConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, path_forget_gate=True)
+    >>> model = PaTHLlamaForCausalLM(config)
+    ```"""
+
+    model_type = "path_llama"
+
+    attention_o_bias: bool | None = None
+    qk_norm: bool = False
+    rope_mode: str = "drop"
+    path_layers: list[int] | None = None
+    path_forget_gate: bool = False
+    path_w_rank: int | None = None
+    path_conv_size: int = 3
+    path_beta_max: float | int = 1.9
+    path_backend: str = "auto"
+    path_init: str = "default"
+
+    def __post_init__(self, **kwargs):
+        if self.attention_o_bias is None:
+            self.attention_o_bias = self.attention_bias
+        if self.path_layers is not None:
+            self.path_layers = sorted(set(self.path_layers))
+        super().__post_init__(**kwargs)
+
+    @property
+    def layer_types(self) -> list[str]:
+        """Per-layer attention type: `"path_attention"` or `"full_attention"` (derived from `path_layers`).
+
+        `DynamicCache(config)` builds a `PaTHCacheLayer` for each PaTH layer from it, which is how `generate`
+        gets the right cache without being told.
+        """
+        return [
+            PATH_LAYER_TYPE if self.is_path_layer(layer_idx) else "full_attention"
+            for layer_idx in range(self.num_hidden_layers)
+        ]
+
+    @layer_types.setter
+    def layer_types(self, value):
+        raise ValueError("layer_types is derived from path_layers: set path_layers (None means every layer) instead.")
+
+    def is_path_layer(self, layer_idx: int) -> bool:
+        """Whether layer `layer_idx` uses PaTH attention."""
+        return self.path_layers is None or layer_idx in self.path_layers
+
+    def validate_architecture(self):
+        """Part of `@strict`-powered validation: checks the shapes and the PaTH fields."""
+        # Not Llama's hidden_size % num_attention_heads check: with an explicit head_dim (Qwen3) it need not hold.
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads "
+                f"({self.num_key_value_heads})."
+            )
+        if self.rope_mode not in ROPE_MODES:
+            raise ValueError(f"rope_mode must be one of {ROPE_MODES}, got {self.rope_mode!r}.")
+        if self.path_backend not in PATH_BACKENDS:
+            raise ValueError(f"path_backend must be one of {PATH_BACKENDS}, got {self.path_backend!r}.")
+        if self.path_init not in PATH_INITS:
+            raise ValueError(f"path_init must be one of {PATH_INITS}, got {self.path_init!r}.")
+        if not 0 < self.path_beta_max <= 2:
+            raise ValueError(f"path_beta_max must be in (0, 2], got {self.path_beta_max}.")
+        if self.path_conv_size < 0:
+            raise ValueError(f"path_conv_size must be >= 0 (0 turns the convolution off), got {self.path_conv_size}.")
+        if self.path_w_rank is not None and self.path_w_rank < 1:
+            raise ValueError(f"path_w_rank must be None (full rank) or a positive int, got {self.path_w_rank}.")
+        if self.path_layers is not None:
+            outside = [i for i in self.path_layers if not 0 <= i < self.num_hidden_layers]
+            if outside:
+                raise ValueError(
+                    f"path_layers {outside} are not layer indices of a model with {self.num_hidden_layers} layers."
+                )
+        if self.attention_dropout and (self.path_layers is None or self.path_layers):
+            raise ValueError(
+                f"PaTH attention has no attention dropout; got attention_dropout={self.attention_dropout}. Set it to 0."
+            )
+
+    def validate_layer_type(self):
+        """`layer_types` is derived from `path_layers` and may hold `"path_attention"`, a type transformers does
+        not list: nothing to check."""
+
+
+__all__ = ["PaTHLlamaConfig"]

@@ -1,0 +1,556 @@
+# Copyright 2026 The path-hf authors. Apache-2.0.
+"""PaTHLlama: Llama (and Qwen2 / Qwen3) with PaTH attention (Yang et al., 2025, arXiv 2505.16381).
+
+A PaTH layer scores query i against key j through the data-dependent Householder transforms of the tokens in
+between, `q_i^T H_i ... H_{j+1} k_j` with `H_t = I - beta_t w_t w_t^T`, optionally with the forget gate of
+PaTH-FoX. The layers listed in `config.path_layers` use it; the others keep the source model's RoPE attention.
+
+The only relative imports are flat modules that `save_pretrained` copies next to the weights, so a saved model
+loads with `trust_remote_code=True` where path_hf is not installed.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.masking_utils import create_causal_mask, find_packed_sequence_indices
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaMLP,
+    LlamaPreTrainedModel,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+    eager_attention_forward,
+    repeat_kv,
+)
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
+from transformers.utils.deprecation import deprecate_kwarg
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import capture_outputs
+
+from .cache_path_llama import PaTHCacheLayer
+from .configuration_path_llama import PATH_LAYER_TYPE, PaTHLlamaConfig
+from .ops import path_attention, path_decode_update
+
+
+class PaTHGainLinear(nn.Linear):
+    """`nn.Linear` with a per-output `gain` in [0, 1] scaling what the subclass computes from its output.
+
+    A gain of 0 switches the PaTH component off exactly (`path_init="identity"`) while keeping it trainable: the
+    forward uses the gain clamped to [0, 1], the backward passes the gradient to the unclamped gain
+    (straight-through), so it is never stuck at 0.
+    """
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=True)
+        self.gain = nn.Parameter(torch.ones(out_features))
+
+    def clamped_gain(self) -> torch.Tensor:
+        gain = self.gain.float()
+        return gain + (gain.clamp(0, 1) - gain).detach()
+
+
+class PaTHBetaProjection(PaTHGainLinear):
+    """`bt_proj`: Householder strengths `beta = beta_max * sigmoid(x W^T + b) * gain`, `[..., hidden]` -> `[..., H]`
+    in float32. beta in (0, 2) allows negative eigenvalues (1 - beta) of `H_t`."""
+
+    def __init__(self, in_features: int, out_features: int, beta_max: float):
+        super().__init__(in_features, out_features)
+        self.beta_max = beta_max
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.beta_max * torch.sigmoid(super().forward(hidden_states).float()) * self.clamped_gain()
+
+
+class PaTHForgetGateProjection(PaTHGainLinear):
+    """`g_proj` (PaTH-FoX): log forget gates `g = log sigmoid(x W^T + b) * gain <= 0`, `[..., hidden]` -> `[..., HQ]`
+    in float32."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return F.logsigmoid(super().forward(hidden_states).float()) * self.clamped_gain()
+
+
+class PaTHShortConvolution(nn.Conv1d):
+    """`w_conv1d`: depthwise causal convolution over time followed by SiLU (FLA's `ShortConvolution`), weight
+    `[C, 1, K]`, no bias."""
+
+    def __init__(self, hidden_size: int, kernel_size: int):
+        super().__init__(hidden_size, hidden_size, kernel_size, groups=hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        conv_state: torch.Tensor | None = None,
+        seq_pos: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """
+        Args:
+            x: `[B, T, C]` inputs, zeros at padding.
+            conv_state: `[B, K - 1, C]` the inputs preceding `x` (a cache); zeros if None.
+            seq_pos: `[B, T]` position of each token in its own sequence, for packed rows: no tap reaches back
+                into the previous sequence.
+
+        Returns:
+            `[B, T, C]` float32.
+        """
+        T, K = x.shape[1], self.kernel_size[0]
+        if conv_state is None:
+            conv_state = x.new_zeros(x.shape[0], K - 1, x.shape[2])
+        history = torch.cat([conv_state, x], dim=1).float()
+        weight = self.weight.float()
+        out = 0
+        for shift in range(K):  # tap `shift` reads x_{t - shift}
+            tap = history[:, K - 1 - shift : K - 1 - shift + T]
+            if seq_pos is not None:
+                tap = tap * (seq_pos >= shift)[..., None]
+            out = out + tap * weight[:, 0, K - 1 - shift]
+        return F.silu(out)
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """`x / sqrt(|x|^2 + eps)` over the last dim (FLA's `l2_norm`); zero vectors stay zero."""
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+def init_path_parameters(module: nn.Module, config: PaTHLlamaConfig) -> None:
+    """Initialise the PaTH parameters (`w_proj`, `w_conv1d`, `bt_proj`, `g_proj`) of one `PaTHLlamaAttention`.
+
+    The single source of truth for how they start (`config.path_init`), used by `_init_weights` and by the
+    checkpoint converter. Parameters already loaded by `from_pretrained` are left as they are.
+    """
+    for name in ("w_proj", "w_conv1d", "bt_proj", "g_proj"):
+        if getattr(module, name, None) is not None:
+            for submodule in getattr(module, name).modules():
+                _init_path_module(submodule, config)
+
+
+def _init_path_module(module: nn.Module, config: PaTHLlamaConfig) -> None:
+    """Initialise the parameters one PaTH submodule owns directly (FLA's init; gains per `path_init`)."""
+    if isinstance(module, (nn.Linear, nn.Conv1d)):
+        init.normal_(module.weight, mean=0.0, std=config.initializer_range)
+        if module.bias is not None:
+            init.zeros_(module.bias)
+    if isinstance(module, PaTHGainLinear):
+        init.constant_(module.gain, 0.0 if config.path_init == "identity" else 1.0)
+
+
+class PaTHLlamaRoPEAttention(LlamaAttention):
+    """The source model's RoPE softmax attention: Llama's, plus Qwen3's per-head `q_norm` / `k_norm`
+    (`config.qk_norm`) and an `o_proj` bias set apart from the q/k/v biases (`config.attention_o_bias`, Qwen2)."""
+
+    def __init__(self, config: PaTHLlamaConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        if config.attention_o_bias != config.attention_bias:
+            self.o_proj = nn.Linear(
+                config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.attention_o_bias
+            )
+        if config.qk_norm:  # Qwen3: RMSNorm over each head, before RoPE
+            self.q_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = LlamaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = nn.Identity()
+
+    def project_qkv(
+        self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q `[B, T, HQ, D]`, k `[B, T, H, D]`, v `[B, T, H, D]`; RoPE applied if `position_embeddings` is given."""
+        hidden_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+        query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape))
+        key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape))
+        value_states = self.v_proj(hidden_states).view(hidden_shape)
+        if position_embeddings is not None:
+            cos, sin = position_embeddings
+            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin, unsqueeze_dim=2)
+        return query_states, key_states, value_states
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        query_states, key_states, value_states = self.project_qkv(hidden_states, position_embeddings)
+        # Llama's forward from here on, with q, k, v in the cache layout [B, heads, T, D].
+        query_states, key_states, value_states = (x.transpose(1, 2) for x in (query_states, key_states, value_states))
+        if cache is not None:
+            key_states, value_states = cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
+        return self.o_proj(attn_output), attn_weights
+
+
+def packed_sequences(position_ids: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Sequences packed in the rows of a batch, found where `position_ids` do not step by one (the rule of
+    transformers' masks, as `DataCollatorWithFlattening` makes them).
+
+    Returns None if every row holds one sequence, else `cu_seqlens` `[N + 1]` over the flattened `B * T` tokens
+    and the position of each token within its sequence `[B, T]`.
+    """
+    seq_idx = find_packed_sequence_indices(position_ids.expand(batch_size, -1))
+    if seq_idx is None:
+        return None
+    starts = F.pad(seq_idx[:, 1:] != seq_idx[:, :-1], (1, 0), value=True).flatten()
+    start_idx = starts.nonzero().squeeze(-1)
+    cu_seqlens = F.pad(start_idx, (0, 1), value=starts.numel())
+    positions = torch.arange(starts.numel(), device=starts.device)
+    seq_pos = positions - start_idx[starts.long().cumsum(0) - 1]
+    return cu_seqlens, seq_pos.view(seq_idx.shape)
+
+
+class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
+    """PaTH attention: the source attention's projections, with the Householder transforms of the tokens between
+    query and key in every logit, and RoPE only with `rope_mode="keep"`.
+
+    New parameters (FLA's names): `w_proj` (full rank, or low rank with `path_w_rank`), `w_conv1d` (short
+    convolution, `path_conv_size > 0`), `bt_proj` (beta) and, with `path_forget_gate`, `g_proj`.
+    """
+
+    def __init__(self, config: PaTHLlamaConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.num_key_value_heads = config.num_key_value_heads
+        kv_dim = config.num_key_value_heads * self.head_dim
+        if config.path_w_rank is None:
+            self.w_proj = nn.Linear(config.hidden_size, kv_dim, bias=False)
+        else:
+            self.w_proj = nn.Sequential(
+                nn.Linear(config.hidden_size, config.path_w_rank, bias=False),
+                nn.Linear(config.path_w_rank, kv_dim, bias=False),
+            )
+        self.w_conv1d = PaTHShortConvolution(kv_dim, config.path_conv_size) if config.path_conv_size > 0 else None
+        self.bt_proj = PaTHBetaProjection(config.hidden_size, config.num_key_value_heads, config.path_beta_max)
+        self.g_proj = (
+            PaTHForgetGateProjection(config.hidden_size, config.num_attention_heads)
+            if config.path_forget_gate
+            else None
+        )
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        position_ids: torch.LongTensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> tuple[torch.Tensor, None]:
+        """
+        Args:
+            hidden_states: `[B, T, hidden]`.
+            position_embeddings: RoPE `(cos, sin)`, used with `rope_mode="keep"`.
+            attention_mask: `[B, past + T]` padding mask (nonzero = token), or None.
+            cache: continued if it holds this layer's past, filled otherwise.
+            position_ids: `[B or 1, T]`; without padding or cache, positions restarting at 0 mark sequences
+                packed in one row, which never attend to each other.
+
+        Returns:
+            The output `[B, T, hidden]` and None (no attention weights are formed).
+        """
+        batch_size, seq_len = hidden_states.shape[:2]
+        if attention_mask is not None:
+            if attention_mask.ndim != 2:
+                raise ValueError(
+                    f"PaTH layers take a 2-D padding mask [batch, past + new tokens], got {attention_mask.ndim}-D."
+                )
+            attention_mask = attention_mask.bool()
+        rope = position_embeddings if self.config.rope_mode == "keep" else None
+        q, k, v = self.project_qkv(hidden_states, rope)
+        w = self.w_proj(hidden_states)
+        beta = self.bt_proj(hidden_states)
+        g = self.g_proj(hidden_states) if self.g_proj is not None else None
+        if attention_mask is not None:  # padding transforms nothing, and feeds nothing to the convolution
+            new_tokens = attention_mask[:, -seq_len:]
+            w, beta = w * new_tokens[..., None], beta * new_tokens[..., None]
+            g = g * new_tokens[..., None] if g is not None else None
+
+        cache_layer = self._cache_layer(cache) if cache is not None else None
+        past = cache_layer.get_seq_length() if cache_layer is not None else 0
+        packed = None
+        if attention_mask is None and past == 0 and position_ids is not None:
+            packed = packed_sequences(position_ids, batch_size)
+
+        if self.w_conv1d is not None:
+            conv_state = None
+            if cache_layer is not None:
+                conv_state = cache_layer.update_conv_state(w, self.w_conv1d.kernel_size[0] - 1)
+            w = self.w_conv1d(w, conv_state, packed[1] if packed is not None else None)
+        w = l2_normalize(w.float().view(batch_size, seq_len, self.num_key_value_heads, self.head_dim))
+
+        if past == 0:
+            o, k_cache = self._path_attention(
+                q, k, v, w, beta, g, attention_mask, packed[0] if packed is not None else None, cache is not None
+            )
+            if cache_layer is not None:
+                cache_layer.update(k_cache.transpose(1, 2), v.transpose(1, 2))
+                if g is not None:
+                    cache_layer.update_gate(g)
+        elif seq_len == 1:
+            o = self._decode_step(q, k, v, w, beta, g, attention_mask, cache_layer)
+        else:
+            o = self._chunked_prefill(q, k, v, w, beta, g, attention_mask, cache_layer)
+        return self.o_proj(o.reshape(batch_size, seq_len, -1)), None
+
+    def _cache_layer(self, cache: Cache) -> PaTHCacheLayer:
+        """This layer's cache; a cache built without the config (`DynamicCache()`) gets a `PaTHCacheLayer` here."""
+        while len(cache.layers) <= self.layer_idx and cache.layer_class_to_replicate is not None:
+            cache.layers.append(cache.layer_class_to_replicate())
+        layer = cache.layers[self.layer_idx]
+        if not isinstance(layer, PaTHCacheLayer):
+            if layer.get_seq_length() > 0:
+                raise ValueError(
+                    f"Layer {self.layer_idx} is a PaTH layer but its cache is a {type(layer).__name__} that already "
+                    "holds keys: build the cache with `DynamicCache(config=model.config)`."
+                )
+            layer = cache.layers[self.layer_idx] = PaTHCacheLayer()
+        return layer
+
+    def _path_attention(self, q, k, v, w, beta, g, attention_mask, cu_seqlens, return_k_cache):
+        """`path_attention` over `[B, S]` rows (shapes as `path_attention`'s). Padding (`attention_mask` False) is
+        dropped and each row, or each sequence of `cu_seqlens` over the flattened rows, is its own sequence."""
+        kwargs = {"scale": self.scaling, "backend": self.config.path_backend, "return_k_cache": return_k_cache}
+        if attention_mask is not None and attention_mask.all():
+            attention_mask = None
+        if attention_mask is None and cu_seqlens is None:
+            return path_attention(q, k, v, w, beta, g, **kwargs)
+
+        batch_size, seq_len = q.shape[:2]
+        indices = None
+        if attention_mask is not None:
+            indices = attention_mask.flatten().nonzero().squeeze(-1)
+            lengths = attention_mask.sum(-1)
+            cu_seqlens = F.pad(lengths[lengths > 0].cumsum(0), (1, 0))
+
+        def flatten(x):
+            x = x.flatten(0, 1)
+            return (x if indices is None else x[indices]).unsqueeze(0)
+
+        def unflatten(x):
+            x = x.squeeze(0)
+            if indices is not None:
+                x = x.new_zeros(batch_size * seq_len, *x.shape[1:]).index_copy(0, indices, x)
+            return x.view(batch_size, seq_len, *x.shape[1:])
+
+        o, k_cache = path_attention(
+            *(flatten(x) for x in (q, k, v, w, beta)),
+            flatten(g) if g is not None else None,
+            cu_seqlens=cu_seqlens,
+            **kwargs,
+        )
+        return unflatten(o), unflatten(k_cache) if return_k_cache else None
+
+    def _decode_step(self, q, k, v, w, beta, g, attention_mask, cache_layer: PaTHCacheLayer) -> torch.Tensor:
+        """One new token: its transform updates the cached keys, then it attends to them like to a KV cache."""
+        cache_layer.keys = path_decode_update(cache_layer.keys, w[:, 0], beta[:, 0])
+        keys, values = cache_layer.update(k.transpose(1, 2), v.transpose(1, 2))
+        bias = None  # [B, HQ or 1, 1, S]
+        if g is not None:  # FLA adds the gate before the softmax scale
+            bias = (self.scaling * cache_layer.update_gate(g)[:, :, None, :]).to(q.dtype)
+        if attention_mask is not None:
+            padding = ~attention_mask[:, None, None, :]
+            bias = q.new_zeros(padding.shape) if bias is None else bias
+            bias = bias.masked_fill(padding, torch.finfo(q.dtype).min)
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            repeat_kv(keys, self.num_key_value_groups),
+            repeat_kv(values, self.num_key_value_groups),
+            attn_mask=bias,
+            scale=self.scaling,
+        )
+        return o.transpose(1, 2)
+
+    def _chunked_prefill(self, q, k, v, w, beta, g, attention_mask, cache_layer: PaTHCacheLayer) -> torch.Tensor:
+        """Several new tokens after a cache: PaTH attention over [cached ; new] tokens, where the cached keys, already
+        transformed, get beta = 0. The transformed keys it returns are the new cache."""
+        batch_size, past = q.shape[0], cache_layer.get_seq_length()
+
+        def with_past(past_part, new_part):
+            return torch.cat([past_part, new_part], dim=1)
+
+        keys = with_past(cache_layer.keys.transpose(1, 2), k)
+        values = with_past(cache_layer.values.transpose(1, 2), v)
+        g_all = None
+        if g is not None:
+            # -gate is a cumulative gate of the cached tokens (0 at the last one): its steps continue into g.
+            past_cum = -cache_layer.gate
+            past_g = torch.diff(past_cum, dim=-1, prepend=past_cum[..., :1]).transpose(1, 2)
+            g_all = with_past(past_g, g)
+            cache_layer.update_gate(g)
+        o, k_cache = self._path_attention(
+            with_past(q.new_zeros(batch_size, past, *q.shape[2:]), q),
+            keys,
+            values,
+            with_past(w.new_zeros(batch_size, past, *w.shape[2:]), w),
+            with_past(beta.new_zeros(batch_size, past, beta.shape[2]), beta),
+            g_all,
+            attention_mask,
+            None,
+            True,
+        )
+        cache_layer.keys, cache_layer.values = k_cache.transpose(1, 2), values.transpose(1, 2)
+        return o[:, past:]
+
+
+class PaTHLlamaDecoderLayer(LlamaDecoderLayer):
+    """Llama's decoder layer holding a PaTH or a RoPE attention, as `config.layer_types` says."""
+
+    def __init__(self, config: PaTHLlamaConfig, layer_idx: int):
+        # Not LlamaDecoderLayer.__init__, which builds a LlamaAttention.
+        GradientCheckpointingLayer.__init__(self)
+        self.hidden_size = config.hidden_size
+        self.attention_type = config.layer_types[layer_idx]
+        attention_class = PaTHLlamaAttention if self.attention_type == PATH_LAYER_TYPE else PaTHLlamaRoPEAttention
+        self.self_attn = attention_class(config=config, layer_idx=layer_idx)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+
+class PaTHLlamaPreTrainedModel(LlamaPreTrainedModel):
+    config: PaTHLlamaConfig
+    _no_split_modules = ["PaTHLlamaDecoderLayer"]
+    # PaTH layers branch on the data (padding, packing, cache state).
+    _can_compile_fullgraph = False
+    _can_record_outputs = {
+        "hidden_states": PaTHLlamaDecoderLayer,
+        "attentions": PaTHLlamaRoPEAttention,
+    }
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # On the modules owning the parameters: from_pretrained skips modules without direct parameters.
+        if isinstance(module, (PaTHGainLinear, PaTHShortConvolution)):
+            _init_path_module(module, self.config)
+        else:
+            super()._init_weights(module)
+
+
+class PaTHLlamaModel(PaTHLlamaPreTrainedModel):
+    def __init__(self, config: PaTHLlamaConfig):
+        super().__init__(config)
+        self.padding_idx = config.pad_token_id
+        self.vocab_size = config.vocab_size
+
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        self.layers = nn.ModuleList(
+            [PaTHLlamaDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
+        )
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        self.gradient_checkpointing = False
+
+        # Initialize weights and apply final processing
+        self.post_init()
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> BaseModelOutputWithPast:
+        """`LlamaModel.forward`, except that each layer gets the mask of its type (PaTH layers the 2-D padding mask)
+        and that, when not given, `position_ids` count real tokens only (`cumsum(attention_mask) - 1`)."""
+        if (input_ids is None) ^ (inputs_embeds is not None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+
+        if inputs_embeds is None:
+            inputs_embeds: torch.Tensor = self.embed_tokens(input_ids)
+
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+
+        past_seen_tokens = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            if attention_mask is not None and attention_mask.ndim == 2:
+                # As generate() does: left padding must not shift the positions RoPE sees.
+                position_ids = attention_mask.long().cumsum(-1) - 1
+                position_ids = position_ids.masked_fill(attention_mask == 0, 0)[:, -inputs_embeds.shape[1] :]
+            else:
+                position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
+                position_ids = position_ids.unsqueeze(0)
+
+        mask_mapping = {PATH_LAYER_TYPE: attention_mask}
+        if "full_attention" in self.config.layer_types:
+            # An empty cache is no cache: packed sequences are then recognised, as in the PaTH layers.
+            mask_mapping["full_attention"] = create_causal_mask(
+                config=self.config,
+                inputs_embeds=inputs_embeds,
+                attention_mask=attention_mask,
+                cache=cache if past_seen_tokens > 0 else None,
+                position_ids=position_ids,
+            )
+
+        hidden_states = inputs_embeds
+        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+
+        for decoder_layer in self.layers[: self.config.num_hidden_layers]:
+            hidden_states = decoder_layer(
+                hidden_states,
+                attention_mask=mask_mapping[decoder_layer.attention_type],
+                position_embeddings=position_embeddings,
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=use_cache,
+                **kwargs,
+            )
+
+        hidden_states = self.norm(hidden_states)
+        return BaseModelOutputWithPast(
+            last_hidden_state=hidden_states,
+            cache=cache,
+        )
+
+
+class PaTHLlamaForCausalLM(PaTHLlamaPreTrainedModel, LlamaForCausalLM):
+    def __init__(self, config: PaTHLlamaConfig):
+        # Not LlamaForCausalLM.__init__, which builds a LlamaModel.
+        PaTHLlamaPreTrainedModel.__init__(self, config)
+        self.model = PaTHLlamaModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+        # Initialize weights and apply final processing
+        self.post_init()
+
+
+__all__ = [
+    "PaTHLlamaForCausalLM",
+    "PaTHLlamaModel",
+    "PaTHLlamaPreTrainedModel",
+    "PaTHLlamaAttention",
+    "PaTHLlamaRoPEAttention",
+    "PaTHLlamaDecoderLayer",
+    "PaTHBetaProjection",
+    "PaTHForgetGateProjection",
+    "PaTHShortConvolution",
+    "init_path_parameters",
+]

@@ -1,0 +1,108 @@
+import pytest
+import torch
+from tiny_models import random_tokens, tiny_model
+from transformers import DynamicCache
+
+from path_hf import PaTHCacheLayer
+
+VARIANTS = {
+    "fox-conv3": {},
+    "noconv-nofox": {"path_forget_gate": False, "path_conv_size": 0},
+    "mixed-conv4-lowrank": {"path_layers": [1], "path_conv_size": 4, "path_w_rank": 4},
+    "drop-rope": {"rope_mode": "drop"},
+}
+
+
+def left_padded_batch(lengths=(9, 6, 8), seed=0):
+    T = max(lengths)
+    ids = random_tokens(len(lengths), T, seed=seed)
+    mask = (torch.arange(T) >= T - torch.tensor(lengths)[:, None]).long()
+    return ids, mask  # real tokens under the padding: it must be ignored, not merely embed to zero
+
+
+@pytest.mark.parametrize("num_beams", [1, 3], ids=["greedy", "beam3"])
+@pytest.mark.parametrize("fields", list(VARIANTS.values()), ids=list(VARIANTS))
+def test_cached_generation_equals_recompute(fields, num_beams):
+    """generate() with the PaTH cache (decode-step key updates, conv and gate states, beam reordering) equals
+    generate() recomputing the whole forward at every step."""
+    model = tiny_model(**{"rope_mode": "keep", **fields})
+    ids, mask = left_padded_batch()
+    kwargs = dict(
+        attention_mask=mask, max_new_tokens=7, do_sample=False, num_beams=num_beams, return_dict_in_generate=True
+    )
+    cached = model.generate(ids, use_cache=True, output_logits=True, **kwargs)
+    path_layers = [layer_type == "path_attention" for layer_type in model.config.layer_types]
+    assert [isinstance(layer, PaTHCacheLayer) for layer in cached.cache.layers] == path_layers
+    recomputed = model.generate(ids, use_cache=False, output_logits=True, **kwargs)
+    torch.testing.assert_close(cached.sequences, recomputed.sequences, rtol=0, atol=0)
+    for step_cached, step_recomputed in zip(cached.logits, recomputed.logits, strict=True):
+        torch.testing.assert_close(step_cached, step_recomputed, rtol=1e-4, atol=1e-4)
+    if num_beams > 1:
+        torch.testing.assert_close(cached.sequences_scores, recomputed.sequences_scores)
+
+
+def forward_in_pieces(model, ids, mask, cuts, cache=None):
+    """Logits of `ids` fed as the pieces between `cuts`, each continuing the same cache."""
+    cache = DynamicCache(config=model.config) if cache is None else cache
+    logits = []
+    for start, end in zip(cuts[:-1], cuts[1:], strict=True):
+        logits.append(model(ids[:, start:end], attention_mask=mask[:, :end], cache=cache, use_cache=True).logits)
+    return torch.cat(logits, dim=1), cache
+
+
+@pytest.mark.parametrize("fields", list(VARIANTS.values()), ids=list(VARIANTS))
+def test_chunked_prefill_and_decode_equal_one_forward(fields):
+    model = tiny_model(**{"rope_mode": "keep", **fields})
+    ids, mask = left_padded_batch(lengths=(12, 7, 10))
+    valid = mask.bool()
+    expected = model(ids, attention_mask=mask).logits[valid]
+
+    single, single_cache = forward_in_pieces(model, ids, mask, [0, 12])
+    chunked, chunked_cache = forward_in_pieces(model, ids, mask, [0, 4, 9, 10, 12])
+    decoded, _ = forward_in_pieces(model, ids, mask, [0, 3, *range(4, 13)])
+    for logits in (single, chunked, decoded):
+        torch.testing.assert_close(logits[valid], expected, rtol=1e-4, atol=1e-5)
+    # A chunked prefill leaves the cache a single prefill leaves (transformed keys, values, conv and gate states).
+    for a, b in zip(single_cache.layers, chunked_cache.layers, strict=True):
+        for name in ("keys", "values", "conv_state", "gate"):
+            if getattr(a, name, None) is not None:
+                torch.testing.assert_close(getattr(b, name), getattr(a, name))
+
+
+def test_cache_built_without_config():
+    model = tiny_model(path_layers=[0])
+    ids, mask = left_padded_batch()
+    expected, _ = forward_in_pieces(model, ids, mask, [0, 5, 6, 9])
+    logits, cache = forward_in_pieces(model, ids, mask, [0, 5, 6, 9], cache=DynamicCache())
+    assert isinstance(cache.layers[0], PaTHCacheLayer) and not isinstance(cache.layers[1], PaTHCacheLayer)
+    torch.testing.assert_close(logits, expected)
+
+
+def test_cache_cannot_be_cropped():
+    model = tiny_model()
+    ids, mask = left_padded_batch()
+    _, cache = forward_in_pieces(model, ids, mask, [0, 9])
+    assert not cache.is_croppable
+    with pytest.raises(ValueError, match="cannot be cropped"):
+        cache.crop(-2)
+
+
+def test_cache_layer_gate_and_batch_bookkeeping():
+    layer = PaTHCacheLayer()
+    g1, g2 = -torch.rand(2, 5, 3), -torch.rand(2, 1, 3)
+    layer.update(torch.randn(2, 1, 5, 4), torch.randn(2, 1, 5, 4))
+    layer.update_gate(g1)
+    layer.update_conv_state(torch.randn(2, 5, 6), state_size=2)
+    gate = layer.update_gate(g2)
+    g = torch.cat([g1, g2], dim=1).transpose(1, 2)  # [B, HQ, S]
+    expected = torch.stack([g[..., j + 1 :].sum(-1) for j in range(6)], dim=-1)  # sum_{j < s <= e} g_s
+    torch.testing.assert_close(gate, expected)
+
+    states = {name: getattr(layer, name).clone() for name in ("keys", "values", "conv_state", "gate")}
+    layer.update(torch.randn(2, 1, 1, 4), torch.randn(2, 1, 1, 4))
+    states["keys"], states["values"] = layer.keys.clone(), layer.values.clone()
+    layer.reorder_cache(torch.tensor([1, 1]))
+    layer.batch_repeat_interleave(2)
+    layer.batch_select_indices(torch.tensor([0, 3]))
+    for name, before in states.items():
+        torch.testing.assert_close(getattr(layer, name), before[[1, 1]])

@@ -1,0 +1,305 @@
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny_models import SOURCES, path_config_from, random_tokens, tiny_config, tiny_model
+from transformers import AutoModel, AutoModelForCausalLM, DataCollatorWithFlattening
+from transformers.models.llama.modeling_llama import LlamaAttention, apply_rotary_pos_emb
+
+from path_hf import (
+    PaTHLlamaAttention,
+    PaTHLlamaForCausalLM,
+    PaTHLlamaModel,
+    PaTHLlamaRoPEAttention,
+    init_path_parameters,
+)
+from path_hf.modeling_path_llama import PaTHBetaProjection
+from path_hf.ops import naive_path_attention
+
+
+def max_rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual - expected).abs().max() / expected.abs().max()).item()
+
+
+@pytest.mark.parametrize("forget_gate", [False, True], ids=["path", "path-fox"])
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_identity_init_keeps_the_source_logits(source, forget_gate, tmp_path):
+    """A source checkpoint loads with no renaming; with rope_mode="keep" and beta = 0 the logits are the source's."""
+    model_class, source_config, path_fields = SOURCES[source]
+    torch.manual_seed(0)
+    source_model = model_class(source_config).eval()
+    source_model.save_pretrained(tmp_path)
+    config = path_config_from(
+        source_config, rope_mode="keep", path_init="identity", path_forget_gate=forget_gate, **path_fields
+    )
+    model, info = PaTHLlamaForCausalLM.from_pretrained(tmp_path, config=config, output_loading_info=True)
+    assert info["unexpected_keys"] == set() and not info["mismatched_keys"]
+    assert all(".w_" in key or ".bt_proj." in key or ".g_proj." in key for key in info["missing_keys"])
+
+    ids = random_tokens(2, 11)
+    expected = source_model(ids).logits
+    assert (model(ids).logits - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def test_from_pretrained_initialises_the_new_parameters(tmp_path):
+    model_class, source_config, _ = SOURCES["llama-gqa-bias-headdim"]
+    torch.manual_seed(0)
+    source = model_class(source_config)
+    source.save_pretrained(tmp_path)
+    for path_init, gain in [("identity", 0.0), ("default", 1.0)]:
+        config = path_config_from(source_config, path_init=path_init, path_forget_gate=True, path_w_rank=8)
+        model = PaTHLlamaForCausalLM.from_pretrained(tmp_path, config=config)
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            assert torch.all(attn.bt_proj.gain == gain) and torch.all(attn.g_proj.gain == gain)
+            assert torch.all(attn.bt_proj.bias == 0) and torch.all(attn.g_proj.bias == 0)
+            for weight in (attn.w_proj[0].weight, attn.w_proj[1].weight, attn.w_conv1d.weight, attn.bt_proj.weight):
+                assert weight.isfinite().all() and 0.5 * 0.02 < weight.std() < 2 * 0.02
+        state = model.state_dict()
+        for name, tensor in source.state_dict().items():
+            torch.testing.assert_close(state[name], tensor, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path_init", ["default", "identity"])
+def test_init_path_parameters_on_a_fresh_layer(path_init):
+    """What the checkpoint converter does: build one attention layer and initialise its PaTH parameters."""
+    config = tiny_config(path_init=path_init, path_w_rank=4, initializer_range=0.02)
+    attn = PaTHLlamaAttention(config, layer_idx=0)
+    path_params = {n: p for n, p in attn.named_parameters() if n.startswith(("w_", "bt_", "g_"))}
+    source_params = {n: p.clone() for n, p in attn.named_parameters() if n not in path_params}
+    with torch.no_grad():
+        for param in path_params.values():
+            param.fill_(float("nan"))
+    init_path_parameters(attn, config)
+    gain = 0.0 if path_init == "identity" else 1.0
+    assert torch.all(attn.bt_proj.gain == gain) and torch.all(attn.g_proj.gain == gain)
+    assert torch.all(attn.bt_proj.bias == 0) and torch.all(attn.g_proj.bias == 0)
+    for name, param in path_params.items():
+        if name.endswith("weight"):
+            assert 0.5 * 0.02 < param.std() < 2 * 0.02, name
+    for name, param in attn.named_parameters():
+        if name in source_params:
+            torch.testing.assert_close(param, source_params[name], rtol=0, atol=0)
+
+
+def test_identity_init_learns_from_the_first_step():
+    torch.manual_seed(0)
+    config = tiny_config(rope_mode="keep", path_init="identity", initializer_range=0.02)
+    model = PaTHLlamaForCausalLM(config)
+    ids = random_tokens(2, 16)
+    before = model(ids).logits.detach()
+    model(ids, labels=ids).loss.backward()
+    gains = [p for n, p in model.named_parameters() if n.endswith(".gain")]
+    assert len(gains) == 2 * config.num_hidden_layers
+    assert all(p.grad.abs().min() > 0 for p in gains)
+
+    torch.optim.SGD(model.parameters(), lr=1.0).step()
+    assert all((p != 0).all() for p in gains)
+    assert not torch.allclose(model(ids).logits, before, rtol=0, atol=1e-4)
+
+
+def test_gain_is_clamped_forward_and_straight_through_backward():
+    proj = PaTHBetaProjection(8, 3, beta_max=1.5)
+    x = torch.randn(5, 8)
+    full = 1.5 * torch.sigmoid(F.linear(x, proj.weight, proj.bias))
+    with torch.no_grad():
+        proj.gain.copy_(torch.tensor([-0.5, 0.25, 1.5]))
+    beta = proj(x)
+    torch.testing.assert_close(beta, full * torch.tensor([0.0, 0.25, 1.0]))
+    beta.sum().backward()
+    torch.testing.assert_close(proj.gain.grad, full.detach().sum(0))
+
+
+def reference_path_layer(attn: PaTHLlamaAttention, x: torch.Tensor, cos_sin) -> torch.Tensor:
+    """A PaTH layer written out from its parameters, with naive_path_attention (token by token)."""
+    config = attn.config
+    B, T, _ = x.shape
+    H, D = config.num_key_value_heads, config.head_dim
+    q = attn.q_norm(attn.q_proj(x).view(B, T, -1, D))
+    k = attn.k_norm(attn.k_proj(x).view(B, T, H, D))
+    v = attn.v_proj(x).view(B, T, H, D)
+    if config.rope_mode == "keep":
+        q, k = apply_rotary_pos_emb(q, k, *cos_sin, unsqueeze_dim=2)
+    w = attn.w_proj(x)
+    if config.path_conv_size:
+        K = config.path_conv_size
+        w = F.silu(F.conv1d(w.transpose(1, 2), attn.w_conv1d.weight, padding=K - 1, groups=w.shape[-1])[..., :T])
+        w = w.transpose(1, 2)
+    w = w.view(B, T, H, D)
+    w = w / torch.sqrt((w * w).sum(-1, keepdim=True) + 1e-6)  # FLA's l2_norm
+    beta = config.path_beta_max * torch.sigmoid(F.linear(x, attn.bt_proj.weight, attn.bt_proj.bias))
+    g = None
+    if config.path_forget_gate:
+        g = F.logsigmoid(F.linear(x, attn.g_proj.weight, attn.g_proj.bias))
+    o = naive_path_attention(q, k, v, w, beta, g)
+    return attn.o_proj(o.reshape(B, T, -1))
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(rope_mode="drop", path_conv_size=0, path_forget_gate=False),
+        dict(rope_mode="keep", path_conv_size=3, path_forget_gate=True),
+        dict(rope_mode="keep", path_conv_size=4, path_forget_gate=False, path_w_rank=4, qk_norm=True, head_dim=16),
+    ],
+    ids=["drop-noconv", "keep-conv3-fox", "keep-conv4-lowrank-qknorm"],
+)
+def test_path_layer_matches_reference(fields):
+    model = tiny_model(**fields)
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(2, 13, model.config.hidden_size)
+    position_ids = torch.arange(13)[None]
+    cos_sin = model.model.rotary_emb(x, position_ids)
+    out, _ = attn(x, position_embeddings=cos_sin, position_ids=position_ids)
+    expected = reference_path_layer(attn, x, cos_sin)
+    assert max_rel_err(out, expected) < 1e-5
+
+
+def test_mixed_path_layers():
+    model = tiny_model(path_layers=[1], rope_mode="drop")
+    plain, path = (layer.self_attn for layer in model.model.layers)
+    assert type(plain) is PaTHLlamaRoPEAttention and isinstance(path, PaTHLlamaAttention)
+    assert not any(name.startswith(("w_", "bt_", "g_")) for name, _ in plain.named_parameters())
+    # The RoPE layer is Llama's attention: same output as LlamaAttention holding its weights.
+    llama = LlamaAttention(model.config, layer_idx=0)
+    llama.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 9, model.config.hidden_size)
+    cos_sin = model.model.rotary_emb(x, torch.arange(9)[None])
+    torch.testing.assert_close(plain(x, cos_sin, None)[0], llama(x, cos_sin, None)[0])
+
+
+PACKING_CASES = {"all-path": {}, "mixed": {"path_layers": [0]}, "nofox-noconv": {"path_forget_gate": False}}
+
+
+@pytest.mark.parametrize("fields", list(PACKING_CASES.values()), ids=list(PACKING_CASES))
+def test_packed_batch_equals_separate_sequences(fields):
+    model = tiny_model(**fields).train()
+    sequences = [random_tokens(1, n, seed=n)[0] for n in (5, 9, 4)]
+    batch = DataCollatorWithFlattening(return_tensors="pt")([{"input_ids": s.tolist()} for s in sequences])
+    packed = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=batch["labels"])
+    packed.loss.backward()
+    packed_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+
+    separate_logits, total_loss = [], 0.0
+    n_targets = sum(len(s) - 1 for s in sequences)
+    for s in sequences:
+        out = model(s[None], labels=s[None])
+        separate_logits.append(out.logits[0])
+        total_loss = total_loss + out.loss * (len(s) - 1) / n_targets
+    total_loss.backward()
+
+    expected = torch.cat(separate_logits)
+    assert max_rel_err(packed.logits[0], expected) < 1e-5
+    torch.testing.assert_close(packed.loss, total_loss)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(packed_grads[name], param.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batch_equals_unpadded(side):
+    model = tiny_model(rope_mode="keep", path_layers=[0])
+    lengths = (6, 10, 3)
+    sequences = [random_tokens(1, n, seed=n)[0] for n in lengths]
+    T = max(lengths)
+    ids = random_tokens(len(lengths), T, seed=1)  # real tokens under the padding: it must be ignored
+    mask = torch.zeros_like(ids)
+    for row, s in enumerate(sequences):
+        cols = slice(T - len(s), T) if side == "left" else slice(0, len(s))
+        ids[row, cols], mask[row, cols] = s, 1
+    logits = model(ids, attention_mask=mask).logits
+    for row, s in enumerate(sequences):
+        assert max_rel_err(logits[row][mask[row].bool()], model(s[None]).logits[0]) < 1e-5
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    model = tiny_model(path_layers=[1]).train()
+    ids, mask = random_tokens(2, 12), torch.ones(2, 12, dtype=torch.long)
+    mask[0, :3] = 0
+
+    def grads():
+        model.zero_grad()
+        model(ids, attention_mask=mask, labels=ids).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    plain = grads()
+    model.activation_checkpointing_enable()
+    assert all(layer.gradient_checkpointing for layer in model.model.layers)
+    checkpointed = grads()
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad)
+
+
+def test_bf16_forward_and_generate():
+    model = tiny_model(rope_mode="keep")
+    ids, mask = random_tokens(2, 12), torch.ones(2, 12, dtype=torch.long)
+    mask[1, :4] = 0
+    expected = model(ids, attention_mask=mask).logits
+    model.to(torch.bfloat16)
+    logits = model(ids, attention_mask=mask).logits
+    assert logits.dtype == torch.bfloat16 and logits.isfinite().all()
+    assert max_rel_err(logits.float()[mask.bool()], expected[mask.bool()]) < 5e-2
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    assert out.shape == (2, 16)
+
+
+def test_auto_classes():
+    config = tiny_config()
+    assert type(AutoModel.from_config(config)) is PaTHLlamaModel
+    assert type(AutoModelForCausalLM.from_config(config)) is PaTHLlamaForCausalLM
+
+
+def test_save_load_round_trip(tmp_path):
+    model = tiny_model(path_layers=[0], path_w_rank=4, qk_norm=True)
+    model.save_pretrained(tmp_path)
+    loaded = PaTHLlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.to_dict() == {**model.config.to_dict(), "_name_or_path": str(tmp_path)}
+    ids = random_tokens(2, 10)
+    torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
+REMOTE_CODE_CHILD = """
+import sys
+
+# An environment without path_hf (and without FLA): the saved code must be self-contained.
+sys.modules["path_hf"] = sys.modules["fla"] = None
+import torch
+from transformers import AutoModelForCausalLM
+
+model_dir, io_file = sys.argv[1:]
+model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=True).eval()
+assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+inputs = torch.load(io_file)
+out = model.generate(**inputs, max_new_tokens=4, do_sample=False, return_dict_in_generate=True, output_logits=True)
+torch.save({"logits": model(**inputs).logits, "sequences": out.sequences, "step_logits": out.logits}, io_file)
+"""
+
+
+def test_trust_remote_code_load_without_path_hf(tmp_path):
+    model = tiny_model(path_layers=[1], path_w_rank=4, qk_norm=True)
+    model.save_pretrained(tmp_path / "model")
+    assert {"modeling_path_llama.py", "configuration_path_llama.py", "cache_path_llama.py", "ops.py"} <= {
+        p.name for p in (tmp_path / "model").iterdir()
+    }
+    inputs = {"input_ids": random_tokens(2, 7), "attention_mask": torch.ones(2, 7, dtype=torch.long)}
+    inputs["attention_mask"][0, :2] = 0
+    torch.save(inputs, tmp_path / "io.pt")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    child = subprocess.run(
+        [sys.executable, "-c", REMOTE_CODE_CHILD, str(tmp_path / "model"), str(tmp_path / "io.pt")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    remote = torch.load(tmp_path / "io.pt")
+    out = model.generate(**inputs, max_new_tokens=4, do_sample=False, return_dict_in_generate=True, output_logits=True)
+    torch.testing.assert_close(remote["logits"], model(**inputs).logits)
+    torch.testing.assert_close(remote["sequences"], out.sequences, rtol=0, atol=0)
+    torch.testing.assert_close(remote["step_logits"], out.logits)
