@@ -1,0 +1,57 @@
+# Copyright 2026 The path-hf authors. Apache-2.0.
+"""`path-hf`: the command line of path-hf, one subcommand per task (`path-hf convert ...`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Sequence
+
+from .convert import convert
+from .errors import ConversionError
+from .options import ConvertOptions, add_options_to_parser, options_from_args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="path-hf", description="PaTH attention for Hugging Face Transformers.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    convert_parser = commands.add_parser(
+        "convert",
+        help="convert a RoPE Llama / Qwen2 / Qwen3 / Mistral checkpoint into a PaTH checkpoint",
+        description="Convert a RoPE Llama, Qwen2, Qwen3 or Mistral checkpoint into a PaTHLlama checkpoint that "
+        "loads with from_pretrained, streaming it shard by shard. The output appears atomically at DST.",
+    )
+    add_options_to_parser(convert_parser, ConvertOptions)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `path-hf` with `argv` (default: `sys.argv[1:]`); returns the exit code.
+
+    A refused or failed command prints `error: <message>` on one line and returns 1; `--debug` adds the traceback.
+    """
+    args = build_parser().parse_args(argv)
+    debug = getattr(args, "debug", False)
+    try:
+        if args.command == "convert":
+            convert(options_from_args(args, ConvertOptions))
+    except KeyboardInterrupt:
+        print("interrupted; nothing was written", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if debug:
+            traceback.print_exc()
+        lines = str(error).strip().splitlines()
+        message = lines[0] if lines else ""
+        if not isinstance(error, ConversionError):
+            message = f"{type(error).__name__}: {message}" + (
+                "" if debug else " (rerun with --debug for the traceback)"
+            )
+        print(f"error: {message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

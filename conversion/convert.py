@@ -1,0 +1,521 @@
+# Copyright 2026 The path-hf authors. Apache-2.0.
+"""`path-hf convert`: plan a conversion from headers and config alone, then stream it into a new directory.
+
+The plan reads the source `config.json`, checks the architecture, and reads every shard's header: names, dtypes,
+shapes, but no data. Writing walks the source tensors shard by shard, in data order, into output shards cut by
+bytes; the new PaTH parameters of a layer are made (with PaTHLlama's own init) right after the layer's last
+source tensor. Everything goes to a temporary directory beside the destination, renamed into place at the end.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import os
+import re
+import secrets
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from huggingface_hub import snapshot_download
+from torch import nn
+from transformers import AutoConfig, GenerationConfig
+from transformers.dynamic_module_utils import get_relative_import_files
+from transformers.utils import (
+    CONFIG_NAME,
+    GENERATION_CONFIG_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+)
+
+from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM, init_path_parameters
+from path_hf.modeling_path_llama import PaTHLlamaAttention, PaTHLlamaRoPEAttention
+
+from .architectures import Architecture, check_attention, check_source_config, check_source_tensors, path_config_from
+from .errors import ConversionError
+from .io import (
+    SafetensorsWriter,
+    SourceReader,
+    SourceTensor,
+    SourceWeights,
+    TensorMeta,
+    shard_file_names,
+    split_into_shards,
+    write_index,
+)
+from .options import ConvertOptions, format_layers
+
+# Files of a source directory that are not carried over as they are: weights, and what the converter writes.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx")
+_REPLACED_FILES = (CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME, "README.md")
+# Headroom kept free on the destination's file system beyond the bytes written.
+_DISK_MARGIN = 256 * 2**20
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+# Options that do not shape the output (the source is recorded on its own), left out of `path_conversion`.
+_UNRECORDED_OPTIONS = ("source", "output", "revision", "dry_run", "verify", "force", "debug")
+
+
+def layer_seed(seed: int, layer_idx: int) -> int:
+    """The RNG seed the new parameters of layer `layer_idx` are drawn with: a layer's init depends on `--seed` and
+    its index only, not on which other layers are converted."""
+    return seed * 1_000_000 + layer_idx
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("path-hf")
+    except importlib.metadata.PackageNotFoundError:  # running from a source checkout
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A source checkpoint on disk: a local directory, or the snapshot of a hub repository in the cache."""
+
+    path: Path
+    repo_id: str | None = None
+    revision: str | None = None  # the snapshot's commit
+
+    @property
+    def name(self) -> str:
+        return self.repo_id or str(self.path)
+
+
+def _download(repo_id: str, revision: str | None, **patterns) -> Path:
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, **patterns))
+    except (OSError, ValueError) as error:  # not found, offline and not cached, invalid id, HTTP errors
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConversionError(f"cannot get {repo_id!r} from the hub: {first_line}") from error
+
+
+def resolve_source(source: str, revision: str | None) -> Source:
+    """A local directory as it is; a hub id downloaded without its weights (`fetch_weights` gets them after the
+    config has been checked), honouring `HF_HUB_OFFLINE`, `revision` and the cache."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if revision is not None:
+            raise ConversionError(f"--revision applies to hub ids, but {source} is a local directory.")
+        return Source(path.resolve())
+    if path.exists():
+        raise ConversionError(f"{source} is a file; SRC must be a checkpoint directory or a hub id.")
+    ignore = [f"*{suffix}" for suffix in _WEIGHT_SUFFIXES] + ["*/*"]  # top-level files only
+    snapshot = _download(source, revision, ignore_patterns=ignore)
+    return Source(snapshot, repo_id=source, revision=snapshot.name)
+
+
+def fetch_weights(source: Source) -> None:
+    """Download the weight files of a hub source (only those the index lists, or the single file)."""
+    if source.repo_id is None:
+        return
+    for index_name in (SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME):
+        index = source.path / index_name
+        if index.is_file():
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            _download(source.repo_id, source.revision, allow_patterns=files)
+            return
+    for single_name in (SAFE_WEIGHTS_NAME, WEIGHTS_NAME):
+        _download(source.repo_id, source.revision, allow_patterns=[single_name])
+        if (source.path / single_name).is_file():
+            return
+
+
+@dataclass(frozen=True)
+class OutputTensor(TensorMeta):
+    """A tensor of the converted checkpoint: a copy of `source` (cast to `dtype`), or a new PaTH parameter of
+    decoder layer `layer` when `source` is None."""
+
+    source: SourceTensor | None = None
+    layer: int | None = None
+
+
+@dataclass(frozen=True)
+class ConversionPlan:
+    """Everything a conversion will do, known before any tensor data is read."""
+
+    options: ConvertOptions
+    source: Source
+    architecture: Architecture
+    config: PaTHLlamaConfig
+    weights: SourceWeights
+    shards: tuple[tuple[OutputTensor, ...], ...]
+    extra_files: tuple[Path, ...]  # tokenizer, chat template, license... copied as they are
+    ignored: tuple[SourceTensor, ...] = ()  # source tensors left out (RoPE buffers, a tied head)
+
+    @property
+    def tensors(self) -> Iterator[OutputTensor]:
+        return (tensor for shard in self.shards for tensor in shard)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(tensor.nbytes for tensor in self.tensors)
+
+    @property
+    def bytes_to_write(self) -> int:
+        return self.weight_bytes + sum(path.stat().st_size for path in self.extra_files)
+
+    def describe(self) -> str:
+        """The plan in a few lines, as `--dry-run` prints it."""
+        config, opts = self.config, self.options
+        copied = [tensor for tensor in self.tensors if tensor.source is not None]
+        added = [tensor for tensor in self.tensors if tensor.source is None]
+        path_layers = config.path_layers if config.path_layers is not None else range(config.num_hidden_layers)
+        added_names = sorted({re.sub(r"^model\.layers\.\d+\.self_attn\.", "", tensor.name) for tensor in added})
+        revision = f" @ {self.source.revision}" if self.source.revision else ""
+        dtype = str(config.dtype).removeprefix("torch.")
+        lines = [
+            f"source:       {self.source.name}{revision}",
+            f"architecture: {self.architecture.name}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+            f"{config.num_attention_heads} heads ({config.num_key_value_heads} kv), head dim {config.head_dim}, "
+            f"{'tied' if config.tie_word_embeddings else 'untied'} embeddings",
+            f"PaTH layers:  {format_layers(path_layers)} ({len(path_layers)} of {config.num_hidden_layers}), rope "
+            f"{config.rope_mode}, forget gate {'on' if config.path_forget_gate else 'off'}, w_proj "
+            f"{'full rank' if config.path_w_rank is None else f'rank {config.path_w_rank}'}, conv size "
+            f"{config.path_conv_size}, init {config.path_init}, seed {opts.seed}",
+            f"copy:         {len(copied)} tensors, {_size(sum(t.nbytes for t in copied))} from "
+            f"{len(self.weights.files)} {self.weights.format} file(s), written as {dtype}",
+            f"add:          {len(added)} tensors, {sum(math.prod(t.shape) for t in added):,} parameters, "
+            f"{_size(sum(t.nbytes for t in added))} ({', '.join(added_names)})",
+        ]
+        if self.ignored:
+            lines.append(f"leave out:    {len(self.ignored)} tensor(s): {', '.join(t.name for t in self.ignored)}")
+        lines.append(
+            f"write:        {_size(self.bytes_to_write)} in {len(self.shards)} shard(s) + {len(self.extra_files)} "
+            f"tokenizer/other file(s) to {Path(opts.output).resolve()}"
+        )
+        return "\n".join(lines)
+
+
+def _size(nbytes: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if nbytes < 1000 or unit == "GB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.2f} {unit}"
+        nbytes /= 1000
+    raise AssertionError  # unreachable
+
+
+def check_destination(output: Path, source: Path, force: bool) -> None:
+    """Refuse a destination that holds files (unless `force`), or that overlaps the source."""
+    output = output.resolve()
+    if output.exists() and not force and (not output.is_dir() or any(output.iterdir())):
+        raise ConversionError(f"{output} exists and is not empty; pass --force to replace it.")
+    if output.is_relative_to(source):
+        raise ConversionError(f"the destination {output} is inside the source {source}.")
+    if source.is_relative_to(output):
+        raise ConversionError(f"the source {source} is inside the destination {output}, which would be replaced.")
+
+
+def check_disk_space(output: Path, needed: int) -> None:
+    """Refuse when the destination's file system has less free space than the output plus a margin."""
+    existing = output.resolve()
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if free < needed + _DISK_MARGIN:
+        raise ConversionError(
+            f"not enough free disk space in {existing}: the output needs {_size(needed)} (+ {_size(_DISK_MARGIN)} "
+            f"margin), {_size(free)} is free."
+        )
+
+
+def new_parameters(config: PaTHLlamaConfig) -> list[TensorMeta]:
+    """Names (under `self_attn.`) and shapes of what a PaTH layer adds to the source attention, in float32: the
+    parameters of `PaTHLlamaAttention` that `PaTHLlamaRoPEAttention` does not have."""
+    with torch.device("meta"):
+        path_attention = PaTHLlamaAttention(config, layer_idx=0)
+        source_names = {name for name, _ in PaTHLlamaRoPEAttention(config, layer_idx=0).named_parameters()}
+    return [
+        TensorMeta(name, param.dtype, tuple(param.shape))
+        for name, param in path_attention.named_parameters()
+        if name not in source_names
+    ]
+
+
+def init_new_parameters(config: PaTHLlamaConfig, layer_idx: int, seed: int) -> dict[str, torch.Tensor]:
+    """The new parameters of PaTH layer `layer_idx`, initialised by `init_path_parameters` (PaTHLlama's own init)
+    after seeding torch's RNG with `layer_seed(seed, layer_idx)`; keyed by their name under `self_attn.`."""
+    with torch.device("meta"):
+        attention = PaTHLlamaAttention(config, layer_idx)
+    names = {tensor.name for tensor in new_parameters(config)}
+    # Only the new submodules get memory (q/k/v/o stay on the meta device), gathered in a module of their own.
+    new_modules = nn.Module()
+    for child_name, child in attention.named_children():
+        if any(name.startswith(f"{child_name}.") for name in names):
+            new_modules.add_module(child_name, child.to_empty(device="cpu"))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(layer_seed(seed, layer_idx))
+        init_path_parameters(new_modules, config)
+    return {name: param.detach() for name, param in new_modules.named_parameters()}
+
+
+def plan_conversion(options: ConvertOptions) -> ConversionPlan:
+    """Check the source and the options, and lay out the output; reads configs and shard headers, no tensor data.
+
+    Raises `ConversionError` for anything the converter refuses.
+    """
+    output = Path(options.output).expanduser()
+    source = resolve_source(options.source, options.revision)
+    check_destination(output, source.path, options.force)
+
+    config_file = source.path / CONFIG_NAME
+    if not config_file.is_file():
+        raise ConversionError(f"{source.name} has no {CONFIG_NAME}; is it a transformers checkpoint?")
+    try:
+        raw_config = json.loads(config_file.read_text())
+    except ValueError as error:
+        raise ConversionError(f"{config_file} is not valid JSON ({error}).") from error
+    architecture = check_source_config(raw_config)
+    source_config = AutoConfig.from_pretrained(source.path)
+    check_attention(source_config, options.allow_torch_only_head_dim)
+    if options.layers is not None and max(options.layers) >= source_config.num_hidden_layers:
+        raise ConversionError(
+            f"--layers names layer {max(options.layers)}, but the model has {source_config.num_hidden_layers} layers "
+            f"(0-{source_config.num_hidden_layers - 1})."
+        )
+
+    fetch_weights(source)
+    weights = SourceWeights.from_directory(source.path)
+    config = path_config_from(
+        source_config,
+        architecture,
+        rope_mode=options.rope,
+        path_layers=list(options.layers) if options.layers is not None else None,
+        path_forget_gate=options.forget_gate,
+        path_w_rank=options.w_rank,
+        path_conv_size=options.conv_size,
+        path_init=options.init,
+        path_conversion={
+            "source": source.name,
+            "revision": source.revision,
+            "options": {k: v for k, v in asdict(options).items() if k not in _UNRECORDED_OPTIONS},
+            "path_hf_version": package_version(),
+        },
+    )
+    copied, ignored = check_source_tensors(weights.tensors, config)
+    # The checkpoint's dtype, which the new parameters take too: --dtype, or the source's embeddings'.
+    dtype = getattr(torch, options.dtype) if options.dtype else weights.tensor("model.embed_tokens.weight").dtype
+    config.dtype = dtype
+
+    def cast(tensor_dtype: torch.dtype) -> torch.dtype:
+        return dtype if options.dtype and tensor_dtype.is_floating_point else tensor_dtype
+
+    added = new_parameters(config)
+    last_of_layer = {int(m[1]): tensor.name for tensor in copied if (m := _LAYER.match(tensor.name))}
+    stream: list[OutputTensor] = []
+    for tensor in copied:
+        stream.append(OutputTensor(tensor.name, cast(tensor.dtype), tensor.shape, source=tensor))
+        layer = int(m[1]) if (m := _LAYER.match(tensor.name)) else None
+        if layer is not None and last_of_layer[layer] == tensor.name and config.is_path_layer(layer):
+            prefix = f"model.layers.{layer}.self_attn."
+            stream.extend(OutputTensor(prefix + new.name, dtype, new.shape, layer=layer) for new in added)
+
+    extra_files = tuple(
+        path
+        for path in sorted(source.path.iterdir())
+        if path.is_file()
+        and not path.name.startswith(".")
+        and path.suffix not in (*_WEIGHT_SUFFIXES, ".py")
+        and path.name not in _REPLACED_FILES
+    )
+    shards = tuple(tuple(shard) for shard in split_into_shards(stream, options.max_shard_size))
+    plan = ConversionPlan(options, source, architecture, config, weights, shards, extra_files, tuple(ignored))
+    check_disk_space(output, plan.bytes_to_write)
+    return plan
+
+
+def write_conversion(plan: ConversionPlan, directory: Path) -> None:
+    """Write the converted checkpoint `plan` describes into the existing, empty `directory`."""
+    config, options = plan.config, plan.options
+    file_names = shard_file_names(len(plan.shards))
+    new_tensors: dict[str, torch.Tensor] = {}
+    with SourceReader() as reader:
+        for shard, file_name in zip(plan.shards, file_names, strict=True):
+            print(f"writing {file_name} ({_size(sum(t.nbytes for t in shard))})", flush=True)
+            with SafetensorsWriter(directory / file_name, shard) as writer:
+                for tensor in shard:
+                    if tensor.source is None:
+                        if tensor.name not in new_tensors:  # the first new tensor of a layer: make them all
+                            prefix = f"model.layers.{tensor.layer}.self_attn."
+                            new_tensors = {
+                                prefix + name: param.to(tensor.dtype)
+                                for name, param in init_new_parameters(config, tensor.layer, options.seed).items()
+                            }
+                        writer.write_tensor(tensor, new_tensors[tensor.name])
+                    elif tensor.source.offset is not None and tensor.dtype == tensor.source.dtype:
+                        writer.copy_tensor(tensor, reader.raw_file(tensor.source), tensor.source.offset)
+                    else:
+                        writer.write_tensor(tensor, reader.tensor(tensor.source).to(tensor.dtype))
+    if len(plan.shards) > 1:
+        write_index(directory, plan.shards, file_names)
+
+    config.save_pretrained(directory)  # config.json, and the config's code file for trust_remote_code
+    _save_model_code(directory, config)
+    generation_config = plan.source.path / GENERATION_CONFIG_NAME
+    if generation_config.is_file():
+        shutil.copyfile(generation_config, directory / GENERATION_CONFIG_NAME)
+    else:
+        GenerationConfig.from_model_config(config).save_pretrained(directory)
+    for path in plan.extra_files:
+        shutil.copyfile(path, directory / path.name)
+    (directory / "README.md").write_text(model_card(plan))
+
+
+def _save_model_code(directory: Path, config: PaTHLlamaConfig) -> None:
+    """What `save_pretrained` does for a class registered with `register_for_auto_class`, without building the
+    model: copy its module and the modules it imports relatively, and map the auto class in `config.json`."""
+    model_class = PaTHLlamaForCausalLM
+    module_file = sys.modules[model_class.__module__].__file__
+    for file in [module_file, *get_relative_import_files(module_file)]:
+        shutil.copyfile(file, directory / Path(file).name)
+    config_file = directory / CONFIG_NAME
+    saved = json.loads(config_file.read_text())
+    module_name = model_class.__module__.rsplit(".", 1)[-1]
+    saved.setdefault("auto_map", {})[model_class._auto_class] = f"{module_name}.{model_class.__name__}"
+    config_file.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+
+
+def model_card(plan: ConversionPlan) -> str:
+    """README.md of the converted model: what was done, and how to load and train it."""
+    config, source = plan.config, plan.source
+    revision = f" (revision `{source.revision}`)" if source.revision else ""
+    base_model = f"base_model: {source.repo_id}\n" if source.repo_id else ""
+    source_named = f"[{source.repo_id}](https://huggingface.co/{source.repo_id})" if source.repo_id else "a checkpoint"
+    if plan.options.dtype is None:
+        copied = "Every weight of the source is copied unchanged: same name, dtype and bytes."
+    else:
+        copied = f"Every weight of the source is copied under its own name, cast to {plan.options.dtype}."
+    if config.rope_mode == "keep" and config.path_init == "identity":
+        starting_point = (
+            "RoPE is kept and every Householder transform starts at the identity (the `bt_proj` gains are 0), so "
+            "this model computes exactly what the source model computes until training moves the new parameters."
+        )
+    elif config.rope_mode == "keep":
+        starting_point = (
+            "RoPE is kept and PaTH's Householder transforms act on top of it. The new parameters start from a "
+            "random init, so the model differs from the source until it is trained."
+        )
+    else:
+        starting_point = (
+            "RoPE is removed from the PaTH layers, as in the paper: the model starts far from the source and must "
+            "be distilled from it or trained further to recover its quality."
+        )
+    return f"""---
+{base_model}library_name: transformers
+pipeline_tag: text-generation
+tags:
+- path-attention
+- path-hf
+---
+
+# {Path(plan.options.output).name}
+
+This is {source_named}{revision} with its attention converted to PaTH attention (Yang et
+al., 2025, [arXiv:2505.16381](https://arxiv.org/abs/2505.16381)) by `path-hf convert` (path-hf
+{package_version()}).
+
+## What was done
+
+```
+{plan.describe()}
+```
+
+{copied} Each PaTH layer gets new parameters: `w_proj` (the Householder directions),
+`w_conv1d` (a short causal convolution on them, if `path_conv_size > 0`), `bt_proj` (their strengths beta) and,
+with the forget gate, `g_proj`. They are initialised by PaTHLlama's own init, seeded from
+`--seed {plan.options.seed}`. {starting_point}
+
+The command and its options are recorded in `config.json` under `path_conversion`.
+
+## Load
+
+```python
+import path_hf  # registers the path_llama model type
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("{Path(plan.options.output).name}", dtype="auto")
+tokenizer = AutoTokenizer.from_pretrained("{Path(plan.options.output).name}")
+```
+
+Without path-hf installed, `from_pretrained(..., trust_remote_code=True)` loads the model code stored beside the
+weights. PaTH attention runs with flash-linear-attention's Triton kernel on CUDA when it is installed
+(`pip install 'path-hf[fla]'`) and with a PyTorch implementation everywhere else.
+
+## Train
+
+The new parameters are ordinary parameters: fine-tune, distill from the source model (the paper's recipe matches
+each attention layer's output, then the logits) or continue pretraining with any transformers trainer; the
+recipes of path-hf do this with accelerate. With PEFT, keep the new modules trainable:
+`modules_to_save=["w_proj", "w_conv1d", "bt_proj"{', "g_proj"' if config.path_forget_gate else ""}]`.
+"""
+
+
+@contextmanager
+def atomic_directory(output: Path) -> Iterator[Path]:
+    """A new directory beside `output`, renamed to `output` if the block succeeds and deleted if it fails or is
+    interrupted. An existing `output` is replaced only at that final rename."""
+    output = output.resolve()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = output.with_name(f".{output.name}.tmp-{secrets.token_hex(4)}")
+    staging.mkdir()
+    try:
+        yield staging
+        if output.exists():
+            replaced = output.with_name(f".{output.name}.old-{secrets.token_hex(4)}")
+            os.replace(output, replaced)
+            os.replace(staging, output)
+            if replaced.is_dir():
+                shutil.rmtree(replaced)
+            else:
+                replaced.unlink()
+        else:
+            os.replace(staging, output)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def convert(options: ConvertOptions) -> ConversionPlan:
+    """Run `path-hf convert`: plan, print the plan, and (unless `--dry-run`) write and optionally verify the
+    converted checkpoint, atomically."""
+    plan = plan_conversion(options)
+    print(plan.describe(), flush=True)
+    if options.dry_run:
+        return plan
+    with atomic_directory(Path(options.output).expanduser()) as staging:
+        start = time.perf_counter()
+        write_conversion(plan, staging)
+        seconds = time.perf_counter() - start
+        if options.verify:
+            from .verify import verify_conversion  # builds models: only imported when asked for
+
+            verify_conversion(plan, staging)
+    output = Path(options.output).expanduser().resolve()
+    print(f"wrote {output} ({_size(plan.bytes_to_write)} in {seconds:.1f} s)", flush=True)
+    return plan
+
+
+__all__ = [
+    "ConversionPlan",
+    "OutputTensor",
+    "Source",
+    "atomic_directory",
+    "check_destination",
+    "check_disk_space",
+    "convert",
+    "init_new_parameters",
+    "layer_seed",
+    "model_card",
+    "new_parameters",
+    "plan_conversion",
+    "resolve_source",
+    "write_conversion",
+]

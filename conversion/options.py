@@ -1,0 +1,204 @@
+# Copyright 2026 The path-hf authors. Apache-2.0.
+"""`ConvertOptions`: every option of `path-hf convert`, typed and documented once; the CLI flags are built from it."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+
+from transformers.utils.hub import convert_file_size_to_int
+
+from path_hf import PaTHLlamaConfig
+from path_hf.configuration_path_llama import PATH_INITS, ROPE_MODES
+
+from .errors import ConversionError
+
+DTYPES = ("float32", "bfloat16", "float16")
+# --verify: the largest max abs logit difference (float32) from the source with the transforms at identity.
+VERIFY_TOLERANCE = 1e-4
+_DEFAULT_SHARD_SIZE = "5GB"
+
+
+def parse_layers(spec: str) -> tuple[int, ...]:
+    """`"0-11,20"` -> `(0, 1, ..., 11, 20)`: comma-separated indices and inclusive ranges."""
+    layers: set[int] = set()
+    for part in spec.split(","):
+        found = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not found:
+            raise ValueError(f"{spec!r} is not a list of layer indices and ranges such as 0-11,20")
+        first, last = int(found[1]), int(found[2] or found[1])
+        if last < first:
+            raise ValueError(f"range {part.strip()!r} ends before it starts")
+        layers.update(range(first, last + 1))
+    return tuple(sorted(layers))
+
+
+def format_layers(layers) -> str:
+    """`(0, 1, 2, 5)` -> `"0-2,5"`: the inverse of `parse_layers`."""
+    runs: list[list[int]] = []
+    for layer in sorted(layers):
+        if runs and layer == runs[-1][1] + 1:
+            runs[-1][1] = layer
+        else:
+            runs.append([layer, layer])
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in runs)
+
+
+def parse_size(size: str) -> int:
+    """`"5GB"`, `"500MiB"` or a number of bytes -> bytes."""
+    return int(size) if size.isdigit() else convert_file_size_to_int(size)
+
+
+@dataclass(kw_only=True)
+class ConvertOptions:
+    """Options of `path-hf convert`. Each field is one command-line flag (`--field-name` unless `flag` says
+    otherwise); its `help` is the flag's documentation."""
+
+    source: str = field(metadata={"flag": "--from", "metavar": "SRC", "help": "local directory or hub id"})
+    output: str = field(metadata={"flag": "--to", "metavar": "DST", "help": "output directory"})
+    revision: str | None = field(default=None, metadata={"help": "branch, tag or commit of a hub SRC (default: main)"})
+    rope: str = field(
+        default=PaTHLlamaConfig.rope_mode,
+        metadata={
+            "choices": ROPE_MODES,
+            "help": "drop: PaTH replaces RoPE (the paper; recover by distillation or training). keep: RoPE stays "
+            "and PaTH acts on top, so with --init identity the model computes what the source did "
+            "(default: %(default)s)",
+        },
+    )
+    forget_gate: bool = field(
+        default=PaTHLlamaConfig.path_forget_gate,
+        metadata={"help": "add PaTH-FoX's forget gate (g_proj) to every PaTH layer"},
+    )
+    layers: tuple[int, ...] | None = field(
+        default=None,
+        metadata={
+            "parse": parse_layers,
+            "metavar": "LIST",
+            "help": "layers that become PaTH layers, e.g. 0-11,20; the others keep RoPE attention (default: all)",
+        },
+    )
+    w_rank: int | None = field(
+        default=PaTHLlamaConfig.path_w_rank,
+        metadata={"metavar": "R", "help": "rank of w_proj: a Linear(hidden, R) then a Linear(R, ...) (default: full)"},
+    )
+    conv_size: int = field(
+        default=PaTHLlamaConfig.path_conv_size,
+        metadata={
+            "metavar": "K",
+            "help": "kernel size of the short convolution on w; 0 turns it off (default: %(default)s)",
+        },
+    )
+    init: str = field(
+        default=PaTHLlamaConfig.path_init,
+        metadata={
+            "choices": PATH_INITS,
+            "help": "how the new parameters start. default: FLA's random init. identity: the gains of bt_proj (and "
+            "g_proj) start at 0, so every Householder transform is the identity (and the forget gate 1) until "
+            "training moves them (default: %(default)s)",
+        },
+    )
+    seed: int = field(default=0, metadata={"help": "seed of the new parameters' init (default: %(default)s)"})
+    dtype: str | None = field(
+        default=None,
+        metadata={"choices": DTYPES, "help": "cast floating-point tensors to this dtype (default: keep the source's)"},
+    )
+    max_shard_size: int = field(
+        default=parse_size(_DEFAULT_SHARD_SIZE),
+        metadata={
+            "parse": parse_size,
+            "metavar": "SIZE",
+            "help": f"largest output shard, e.g. 5GB, 500MiB (default: {_DEFAULT_SHARD_SIZE})",
+        },
+    )
+    allow_torch_only_head_dim: bool = field(
+        default=False,
+        metadata={"help": "convert a model whose head dim FLA's kernel cannot run; the torch backend runs any"},
+    )
+    dry_run: bool = field(
+        default=False,
+        metadata={"help": "print the plan (architecture, layers converted, parameters added, bytes) and write nothing"},
+    )
+    verify: bool = field(
+        default=False,
+        metadata={
+            "help": "check the converted model against the source before it is moved into place: with the "
+            f"transforms at identity and RoPE kept, logits must match to {VERIFY_TOLERANCE:g} in fp32; prints both "
+            "perplexities"
+        },
+    )
+    force: bool = field(default=False, metadata={"help": "replace DST if it exists and is not empty"})
+    debug: bool = field(default=False, metadata={"help": "print the traceback of an error"})
+
+    def __post_init__(self):
+        for option in fields(self):
+            choices = option.metadata.get("choices")
+            value = getattr(self, option.name)
+            if choices and value is not None and value not in choices:
+                raise ConversionError(f"{_flag(option)} must be one of {', '.join(choices)}; got {value!r}.")
+        if self.dry_run and self.verify:
+            raise ConversionError("--verify checks written files; it cannot run with --dry-run.")
+        if self.w_rank is not None and self.w_rank < 1:
+            raise ConversionError(f"--w-rank must be a positive integer, got {self.w_rank}.")
+        if self.conv_size < 0:
+            raise ConversionError(f"--conv-size must be >= 0 (0 turns the convolution off), got {self.conv_size}.")
+        if self.max_shard_size < 1:
+            raise ConversionError(f"--max-shard-size must be positive, got {self.max_shard_size}.")
+
+
+def _flag(option) -> str:
+    return option.metadata.get("flag", "--" + option.name.replace("_", "-"))
+
+
+def _argument_type(parse):
+    """`parse`, with its ValueError message shown by argparse (which otherwise prints only the function's name)."""
+
+    def parse_argument(value: str):
+        try:
+            return parse(value)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from error
+
+    parse_argument.__name__ = parse.__name__
+    return parse_argument
+
+
+def add_options_to_parser(parser: argparse.ArgumentParser, options_class: type = ConvertOptions) -> None:
+    """One flag per field of the dataclass `options_class`, typed and documented from its field."""
+    hints = typing.get_type_hints(options_class)
+    for option in fields(options_class):
+        kind = hints[option.name]
+        required = option.default is MISSING and option.default_factory is MISSING
+        kwargs = {"dest": option.name, "help": option.metadata.get("help")}
+        if kind is bool:
+            kwargs["action"] = "store_true"
+        else:
+            if isinstance(kind, types.UnionType):  # `X | None`
+                kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
+            kwargs.update(type=_argument_type(option.metadata.get("parse", kind)), required=required)
+            if not required:
+                kwargs["default"] = option.default
+            for key in ("choices", "metavar"):
+                if key in option.metadata:
+                    kwargs[key] = option.metadata[key]
+        parser.add_argument(_flag(option), **kwargs)
+
+
+def options_from_args(args: argparse.Namespace, options_class: type = ConvertOptions):
+    """The `options_class` instance holding the parsed flags."""
+    return options_class(**{option.name: getattr(args, option.name) for option in fields(options_class)})
+
+
+__all__ = [
+    "DTYPES",
+    "VERIFY_TOLERANCE",
+    "ConvertOptions",
+    "add_options_to_parser",
+    "format_layers",
+    "options_from_args",
+    "parse_layers",
+    "parse_size",
+]

@@ -1,0 +1,84 @@
+"""The pieces of the converter: shard writing and cutting, and the options that become CLI flags."""
+
+from dataclasses import fields
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conversion.cli import build_parser
+from conversion.errors import ConversionError
+from conversion.io import SafetensorsWriter, TensorMeta, read_safetensors_header, split_into_shards
+from conversion.options import ConvertOptions, format_layers, parse_layers, parse_size
+
+
+def test_writer_streams_tensors_and_raw_copies(tmp_path):
+    source = {
+        "a": torch.randn(3, 5),
+        "b": torch.arange(7, dtype=torch.int64),
+        "c": torch.randn(2, dtype=torch.bfloat16),
+    }
+    save_file(source, tmp_path / "source.safetensors")
+    headers = {tensor.name: tensor for tensor in read_safetensors_header(tmp_path / "source.safetensors")}
+    new = torch.randn(4, 4, dtype=torch.float16)
+    entries = [TensorMeta("copied.c", torch.bfloat16, (2,)), TensorMeta("new", torch.float16, (4, 4))]
+    entries.append(TensorMeta("copied.a", torch.float32, (3, 5)))
+
+    with (
+        SafetensorsWriter(tmp_path / "out.safetensors", entries, metadata={"note": "test"}) as writer,
+        open(tmp_path / "source.safetensors", "rb") as file,
+    ):
+        writer.copy_tensor(entries[0], file, headers["c"].offset)
+        writer.write_tensor(entries[1], new)
+        writer.copy_tensor(entries[2], file, headers["a"].offset)
+
+    written = load_file(tmp_path / "out.safetensors")
+    assert torch.equal(written["copied.a"], source["a"]) and torch.equal(written["copied.c"], source["c"])
+    assert torch.equal(written["new"], new)
+
+
+def test_writer_refuses_what_the_header_did_not_announce(tmp_path):
+    writer = SafetensorsWriter(tmp_path / "out.safetensors", [TensorMeta("x", torch.float32, (2,))])
+    with pytest.raises(RuntimeError, match="where the header has"):
+        writer.write_tensor(TensorMeta("y", torch.float32, (2,)), torch.zeros(2))
+    with pytest.raises(RuntimeError, match="announced but not written"):
+        writer.close()
+
+
+def test_split_into_shards():
+    tensors = [TensorMeta(str(i), torch.float32, (size,)) for i, size in enumerate([10, 10, 30, 5, 5, 5])]
+    shards = split_into_shards(tensors, max_shard_bytes=80)
+    assert [[t.name for t in shard] for shard in shards] == [["0", "1"], ["2"], ["3", "4", "5"]]
+    assert [[t.name for t in shard] for shard in split_into_shards(tensors, 10**6)] == [[t.name for t in tensors]]
+
+
+@pytest.mark.parametrize("spec, layers", [("0-3,7", (0, 1, 2, 3, 7)), ("5", (5,)), ("2, 0-1 ,2", (0, 1, 2))])
+def test_layers_round_trip(spec, layers):
+    assert parse_layers(spec) == layers
+    assert parse_layers(format_layers(layers)) == layers
+
+
+@pytest.mark.parametrize("spec", ["", "a", "3-1", "1,,2", "-1"])
+def test_bad_layer_lists(spec):
+    with pytest.raises(ValueError):
+        parse_layers(spec)
+
+
+def test_sizes():
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("500MiB") == 500 * 2**20 and parse_size("1234") == 1234
+
+
+def test_every_option_is_a_documented_flag():
+    convert_parser = build_parser()._subparsers._group_actions[0].choices["convert"]
+    actions = {action.dest: action for action in convert_parser._actions}
+    for option in fields(ConvertOptions):
+        assert option.name in actions and actions[option.name].help, option.name
+    args = convert_parser.parse_args(["--from", "a", "--to", "b", "--layers", "0-2", "--max-shard-size", "1GB"])
+    assert (args.source, args.output, args.layers, args.max_shard_size) == ("a", "b", (0, 1, 2), 10**9)
+
+
+def test_options_are_checked_in_python_too():
+    with pytest.raises(ConversionError, match="--dtype must be one of float32, bfloat16, float16; got 'float64'"):
+        ConvertOptions(source="a", output="b", dtype="float64")
+    with pytest.raises(ConversionError, match="--w-rank must be a positive integer"):
+        ConvertOptions(source="a", output="b", w_rank=0)

@@ -1,0 +1,214 @@
+"""What `path-hf convert` refuses: one `error: ...` line, exit code 1, and nothing at the destination."""
+
+import json
+from collections import namedtuple
+
+import pytest
+from checkpoints import TINY, make_source, run_cli
+from safetensors.torch import load_file, save_file
+from transformers import GPT2Config, MistralConfig, MixtralConfig, Qwen2Config
+
+import conversion.convert
+from conversion.io import SafetensorsWriter
+
+
+def save_config(directory, config) -> None:
+    directory.mkdir()
+    config.architectures = [config.architectures[0]]
+    config.save_pretrained(directory)
+
+
+def assert_refused(capsys, tmp_path, source, *flags, message, output=None):
+    output = output or tmp_path / "converted"
+    code, _, err = run_cli(capsys, "convert", "--from", source, "--to", output, *flags)
+    assert code == 1
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err, err
+    assert not output.exists()
+    assert not [path for path in output.parent.iterdir() if path.name.startswith(f".{output.name}.")]
+    return err
+
+
+# id: (config, message)
+UNSUPPORTED = {
+    "gpt2": (GPT2Config(n_layer=2, architectures=["GPT2LMHeadModel"]), "learned absolute position embeddings"),
+    "moe": (MixtralConfig(num_hidden_layers=2, architectures=["MixtralForCausalLM"]), "mixture-of-experts"),
+    "mistral-sliding-window": (
+        MistralConfig(**TINY, sliding_window=32, architectures=["MistralForCausalLM"]),
+        "sliding-window attention (sliding_window=32)",
+    ),
+    "qwen2-sliding-window": (
+        Qwen2Config(**TINY, use_sliding_window=True, max_window_layers=1, architectures=["Qwen2ForCausalLM"]),
+        "sliding-window attention",
+    ),
+}
+RAW_CONFIGS = {
+    "bert": ({"architectures": ["BertForMaskedLM"], "model_type": "bert"}, "an encoder"),
+    "multimodal": (
+        {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava", "vision_config": {}},
+        "it is multimodal",
+    ),
+    "already-path": ({"architectures": ["PaTHLlamaForCausalLM"], "model_type": "path_llama"}, "already a PaTH model"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNSUPPORTED))
+def test_unsupported_architecture(case, tmp_path, capsys):
+    config, message = UNSUPPORTED[case]
+    save_config(tmp_path / "source", config)
+    assert_refused(capsys, tmp_path, tmp_path / "source", message=message)
+
+
+@pytest.mark.parametrize("case", list(RAW_CONFIGS))
+def test_unsupported_config(case, tmp_path, capsys):
+    raw, message = RAW_CONFIGS[case]
+    (tmp_path / "source").mkdir()
+    (tmp_path / "source" / "config.json").write_text(json.dumps(raw))
+    assert_refused(capsys, tmp_path, tmp_path / "source", message=message)
+
+
+def test_head_dim_fla_cannot_run(tmp_path, capsys):
+    source = make_source(tmp_path / "source", "llama", head_dim=24)
+    err = assert_refused(capsys, tmp_path, source, message="head dim 24 is not one FLA's PaTH kernel runs")
+    assert "torch backend still runs it" in err and "--allow-torch-only-head-dim" in err
+    code, _, err = run_cli(
+        capsys, "convert", "--from", source, "--to", tmp_path / "converted", "--allow-torch-only-head-dim"
+    )
+    assert code == 0, err
+    assert (tmp_path / "converted" / "model.safetensors").is_file()
+
+
+def test_missing_shard(tmp_path, capsys):
+    source = make_source(tmp_path / "source", "llama", max_shard_size="100KB")
+    (source / "model-00002-of-00006.safetensors").unlink()
+    assert_refused(capsys, tmp_path, source, message="missing from")
+
+
+def test_corrupt_safetensors_shard(tmp_path, capsys):
+    source = make_source(tmp_path / "source", "llama", max_shard_size="100KB")
+    shard = source / "model-00003-of-00006.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-100])
+    assert_refused(capsys, tmp_path, source, message="model-00003-of-00006.safetensors is not a valid safetensors file")
+
+
+def test_corrupt_bin_shard(tmp_path, capsys):
+    source = make_source(tmp_path / "source", "llama", pytorch_bin=True)
+    (source / "pytorch_model-00002-of-00002.bin").write_bytes(b"not a checkpoint")
+    assert_refused(capsys, tmp_path, source, message="is not a readable PyTorch checkpoint")
+
+
+def test_index_disagrees_with_shards(tmp_path, capsys):
+    source = make_source(tmp_path / "source", "llama", max_shard_size="100KB")
+    index = json.loads((source / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.norm.weight"] = "model-00001-of-00006.safetensors"
+    (source / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert_refused(capsys, tmp_path, source, message="and the index disagree")
+
+
+def test_shapes_disagree_with_config(tmp_path, capsys):
+    source = make_source(tmp_path / "source", "llama")
+    config = json.loads((source / "config.json").read_text())
+    config["intermediate_size"] = 128
+    (source / "config.json").write_text(json.dumps(config))
+    assert_refused(
+        capsys, tmp_path, source, message="but the config implies [64, 128] (hidden_size x intermediate_size)"
+    )
+
+
+def test_missing_tensor(tmp_path, capsys):
+    source = make_source(tmp_path / "source", "llama")
+    tensors = load_file(source / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, source / "model.safetensors", metadata={"format": "pt"})
+    assert_refused(capsys, tmp_path, source, message="'model.layers.1.mlp.up_proj.weight'")
+
+
+def test_destination_inside_source(tmp_path, capsys):
+    source = make_source(tmp_path / "source", "llama")
+    assert_refused(capsys, tmp_path, source, output=source / "converted", message="is inside the source")
+
+
+def test_source_inside_destination(tmp_path, capsys):
+    source = make_source(tmp_path / "out" / "source", "llama")
+    code, _, err = run_cli(capsys, "convert", "--from", source, "--to", tmp_path / "out", "--force")
+    assert code == 1 and "is inside the destination" in err
+    assert (source / "model.safetensors").is_file()
+
+
+def test_not_enough_disk_space(tmp_path, capsys, monkeypatch):
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(conversion.convert.shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 10**6, 10**6))
+    source = make_source(tmp_path / "source", "llama")
+    assert_refused(capsys, tmp_path, source, message="not enough free disk space")
+
+
+def test_existing_destination_needs_force(tmp_path, capsys):
+    source = make_source(tmp_path / "source", "llama")
+    output = tmp_path / "converted"
+    output.mkdir()
+    (output / "keep.txt").write_text("mine")
+    code, _, err = run_cli(capsys, "convert", "--from", source, "--to", output)
+    assert code == 1 and "exists and is not empty; pass --force" in err
+    assert [path.name for path in output.iterdir()] == ["keep.txt"]
+
+    assert run_cli(capsys, "convert", "--from", source, "--to", output, "--force")[0] == 0
+    assert not (output / "keep.txt").exists() and (output / "model.safetensors").is_file()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["converted", "source"]
+
+
+def test_layers_out_of_range(tmp_path, capsys):
+    source = make_source(tmp_path / "source", "llama")
+    assert_refused(capsys, tmp_path, source, "--layers", "1-3", message="--layers names layer 3")
+
+
+def test_hub_id_not_in_cache_offline(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert_refused(capsys, tmp_path, "nobody/no-such-model", message="cannot get 'nobody/no-such-model' from the hub")
+
+
+def test_verify_failure_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """A weight that lands in the wrong place fails --verify, and the output is not moved into place."""
+    write_conversion = conversion.convert.write_conversion
+
+    def misplace_a_weight(plan, directory):
+        write_conversion(plan, directory)
+        tensors = load_file(directory / "model.safetensors")
+        tensors["model.layers.0.mlp.up_proj.weight"] = tensors["model.layers.1.mlp.up_proj.weight"].clone()
+        save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+
+    monkeypatch.setattr(conversion.convert, "write_conversion", misplace_a_weight)
+    source = make_source(tmp_path / "source", "llama")
+    assert_refused(capsys, tmp_path, source, "--verify", message="verification failed: the converted model's logits")
+
+
+def test_interrupted_conversion_leaves_nothing(tmp_path, capsys, monkeypatch):
+    def interrupt(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SafetensorsWriter, "copy_tensor", interrupt)
+    source = make_source(tmp_path / "source", "llama")
+    output = tmp_path / "converted"
+    code, _, err = run_cli(capsys, "convert", "--from", source, "--to", output)
+    assert code == 130 and "interrupted" in err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["source"]
+
+
+def test_failure_shows_traceback_only_with_debug(tmp_path, capsys):
+    source = make_source(tmp_path / "source", "llama", max_shard_size="100KB")
+    (source / "model.safetensors.index.json").write_text("{")
+    code, _, err = run_cli(capsys, "convert", "--from", source, "--to", tmp_path / "converted", "--debug")
+    assert code == 1 and "Traceback" in err and err.rstrip().splitlines()[-1].startswith("error: ")
+    assert not (tmp_path / "converted").exists()
+
+
+def test_verify_with_dry_run_is_refused(tmp_path, capsys):
+    source = make_source(tmp_path / "source", "llama")
+    assert_refused(capsys, tmp_path, source, "--verify", "--dry-run", message="cannot run with --dry-run")
+
+
+def test_bad_layer_list_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(capsys, "convert", "--from", tmp_path, "--to", tmp_path / "converted", "--layers", "3-1")
+    assert exit_info.value.code == 2
+    assert "ends before it starts" in capsys.readouterr().err
