@@ -1,0 +1,60 @@
+# path-hf: `make demo`, `make test`, `make lint`, `make bench`, `make bench-wheels`, `make clean`, `make distclean`.
+# The first target that needs Python creates .venv and installs the package with its test extras.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.path-hf-installed
+
+# Without a GPU, pin the CPU build: this exact version lies on the machine's disk, while a plain `torch`
+# would pull a multi-GB CUDA build from PyPI. With a GPU, any torch in the supported range will do.
+TORCH_CPU ?= torch==2.13.0
+TORCH_GPU ?= torch>=2.5,<2.16
+
+.PHONY: install test lint demo bench bench-wheels clean distclean
+
+install: $(STAMP)
+
+# Re-run only when pyproject.toml changes; torch goes in first so that the extras don't pick a CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(PIP) install "$(TORCH_GPU)"; \
+	else \
+		$(PIP) install "$(TORCH_CPU)"; \
+	fi
+	$(PIP) install -e ".[test]"
+	touch $@
+
+test: install
+	$(PY) -m pytest -q --durations=15
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+demo: install
+	@echo "make demo will: convert the embedded default model with 'path-hf convert',"
+	@echo "  run a short CPU recovery recipe, evaluate perplexity at 1x-8x the training length,"
+	@echo "  and print the table."
+	@echo "It lands with the converter, recipes and demo issues; nothing to run yet."
+
+bench: install
+	$(PY) bench/attention_cpu.py
+	$(PY) bench/decode_cpu.py
+	$(PY) bench/convert_bench.py
+
+# Wheels that bench/gpu.sh installs on the GPU machine, which reaches no package registry. That machine has
+# Python 3.12, torch, triton and einops, but an older transformers; transformers checks regex's version on import.
+bench-wheels: install
+	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d bench/wheels flash-linear-attention==0.6.0 fla-core==0.6.0 transformers==5.24.0 regex==2026.11.19
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache bench/out
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) bench/wheels

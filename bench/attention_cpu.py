@@ -1,0 +1,299 @@
+"""CPU benchmark: PaTH attention (torch backend) against RoPE + causal SDPA on the same shapes.
+
+    python bench/attention_cpu.py                                  # T in 512..4096, a few minutes on 2 cores
+    python bench/attention_cpu.py --chunk-sizes 32,64,128,256      # adds a chunk-size sweep at --sweep-seq-len
+
+Both sides are timed from the per-head projections to the attention output, so each pays for its own
+position encoding: the baseline builds cos/sin and rotates q and k (RoPE), PaTH normalises w and squashes
+beta. Times are medians of --reps runs after --warmup runs, in one process, with the repetitions of the
+methods compared alternating, so background load hits both alike.
+Peak memory is measured in a fresh subprocess, case after case: resident-set high-water mark (VmHWM, reset through
+/proc/self/clear_refs after the case's inputs are allocated and one warm-up run) minus the resident size then,
+with glibc's mmap threshold fixed at 64 KiB so that every tensor's memory is mapped when allocated and returned
+when freed.
+Writes a Markdown table to stdout and JSON to bench/out/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from path_hf.ops import path_attention
+
+METHODS = ("sdpa", "path")
+MODES = ("fwd", "fwd+bwd")
+# On a shared 2-core machine two OpenMP threads stall whenever another process holds a core: we saw 10x
+# slowdowns and fwd slower than fwd+bwd. One thread gives ratios that reproduce.
+THREADS_HELP = "torch.set_num_threads; default 1, because 2 threads on a busy 2-core machine give erratic times"
+
+
+@dataclass(frozen=True)
+class Case:
+    method: str  # "sdpa": RoPE + causal SDPA; "path": path_attention(backend="torch")
+    seq_len: int
+    mode: str  # "fwd" runs under no_grad; "fwd+bwd" takes gradients of every input
+    chunk_size: int
+
+    def spec(self) -> str:
+        return f"{self.method}:{self.seq_len}:{self.mode}:{self.chunk_size}"
+
+    @classmethod
+    def parse(cls, spec: str) -> Case:
+        method, seq_len, mode, chunk_size = spec.split(":")
+        return cls(method, int(seq_len), mode, int(chunk_size))
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Llama's rotate-half RoPE on x [B, T, H, D]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def make_inputs(case: Case, heads: int, head_dim: int, requires_grad: bool) -> dict[str, torch.Tensor]:
+    """Projection outputs [B=1, T, H, D] as a layer would hand them to attention."""
+    gen = torch.Generator().manual_seed(0)
+    shape = (1, case.seq_len, heads, head_dim)
+    names = ["q", "k", "v"] + (["w", "b"] if case.method == "path" else [])
+    inputs = {n: torch.randn(shape if n != "b" else shape[:3], generator=gen) for n in names}
+    for t in inputs.values():
+        t.requires_grad_(requires_grad)
+    return inputs
+
+
+def make_step(case: Case, inputs: dict[str, torch.Tensor]) -> Callable[[], object]:
+    """One forward (or forward+backward) pass, everything after the q/k/v/w/beta projections."""
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    head_dim = q.shape[-1]
+    if case.method == "sdpa":
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+
+        def forward() -> torch.Tensor:
+            angles = torch.arange(case.seq_len, dtype=torch.float32)[:, None] * inv_freq
+            emb = torch.cat((angles, angles), dim=-1)[None, :, None, :]
+            cos, sin = emb.cos(), emb.sin()
+            qr, kr = rope(q, cos, sin), rope(k, cos, sin)
+            qr, kr, vt = (x.transpose(1, 2) for x in (qr, kr, v))  # SDPA wants [B, H, T, D]
+            return F.scaled_dot_product_attention(qr, kr, vt, is_causal=True).transpose(1, 2)
+
+    else:
+        w_raw, b_raw = inputs["w"], inputs["b"]
+
+        def forward() -> torch.Tensor:
+            w = F.normalize(w_raw, dim=-1)
+            beta = 2 * torch.sigmoid(b_raw)  # in (0, 2)
+            o, _ = path_attention(q, k, v, w, beta, backend="torch", chunk_size=case.chunk_size)
+            return o
+
+    if case.mode == "fwd":
+
+        def step() -> object:
+            with torch.no_grad():
+                return forward()
+
+        return step
+
+    leaves = list(inputs.values())
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
+
+    def step() -> object:
+        return torch.autograd.grad(forward(), leaves, grad_out)
+
+    return step
+
+
+def time_interleaved(cases: list[Case], args: argparse.Namespace) -> list[list[float]]:
+    """Seconds per step of each case; repetitions alternate between cases so background load hits all alike."""
+    steps = [make_step(c, make_inputs(c, args.heads, args.head_dim, requires_grad=c.mode != "fwd")) for c in cases]
+    for step in steps:
+        for _ in range(args.warmup):
+            step()
+    times: list[list[float]] = [[] for _ in cases]
+    for _ in range(args.reps):
+        for step, case_times in zip(steps, times, strict=True):
+            start = time.perf_counter()
+            step()
+            case_times.append(time.perf_counter() - start)
+    return times
+
+
+def _status_mib(key: str) -> float:
+    return int(re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1)) / 1024
+
+
+def measure_memory_here(case: Case, heads: int, head_dim: int) -> dict[str, float]:
+    """Peak resident memory of one step above the resident size once inputs exist (Linux only)."""
+    step = make_step(case, make_inputs(case, heads, head_dim, requires_grad=case.mode != "fwd"))
+    step()  # first-call allocations (kernel caches, thread pools) are not the op's working memory
+    baseline = _status_mib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    step()
+    return {"baseline_mib": baseline, "peak_mib": _status_mib("VmHWM"), "extra_mib": _status_mib("VmHWM") - baseline}
+
+
+def measure_memory(cases: list[Case], args: argparse.Namespace) -> list[dict[str, float]]:
+    """Runs measure_memory_here for each case, one after another, in one fresh subprocess."""
+    cmd = [sys.executable, __file__, "--memory-cases", ",".join(c.spec() for c in cases), "--heads", str(args.heads)]
+    cmd += ["--head-dim", str(args.head_dim), "--threads", str(args.threads)]
+    # A fixed mmap threshold turns off glibc's adaptive one, which after a warm-up step would serve the measured
+    # step from heap memory that is already resident (we saw SDPA's extra memory read as 0 MiB).
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode:
+        raise RuntimeError(f"memory subprocess failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def git_commit() -> str:
+    """The checkout's commit, "-dirty" when path_hf/ops.py (what this measures) has uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    git = ["git", "-C", str(root)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    status = [*git, "status", "--porcelain", "path_hf/ops.py"]
+    dirty = subprocess.run(status, capture_output=True, text=True).stdout.strip()
+    return (head or "unknown") + ("-dirty" if dirty else "")
+
+
+def machine_info(threads: int) -> dict[str, object]:
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    model = re.search(r"^model name\s*:\s*(.*)$", cpuinfo, re.M)
+    return {
+        "cpu": model.group(1) if model else platform.processor(),
+        "nproc": os.cpu_count(),
+        "threads": threads,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "commit": git_commit(),
+        "loadavg_start": os.getloadavg(),
+    }
+
+
+def run(groups: list[list[Case]], args: argparse.Namespace) -> list[dict[str, object]]:
+    """Times each group of cases interleaved, then (optionally) measures each case's memory."""
+    rows = []
+    for group in groups:
+        for case, times in zip(group, time_interleaved(group, args), strict=True):
+            rows.append(
+                {**asdict(case), "median_ms": 1e3 * statistics.median(times), "times_ms": [1e3 * t for t in times]}
+            )
+            print(f"  {case.spec():28s} {rows[-1]['median_ms']:9.1f} ms", file=sys.stderr, flush=True)
+    if args.memory:
+        cases = [case for group in groups for case in group]
+        for case, row, memory in zip(cases, rows, measure_memory(cases, args), strict=True):
+            row.update(memory)
+            print(f"  {case.spec():28s} +{memory['extra_mib']:.0f} MiB", file=sys.stderr, flush=True)
+    return rows
+
+
+def comparison_table(rows: list[dict[str, object]], memory: bool) -> str:
+    by_key = {(r["method"], r["seq_len"], r["mode"]): r for r in rows}
+    head = "| T | mode | SDPA+RoPE ms | PaTH ms | time ratio |"
+    sep = "|---|---|---|---|---|"
+    if memory:
+        head += " SDPA+RoPE MiB | PaTH MiB | memory ratio |"
+        sep += "---|---|---|"
+    lines = [head, sep]
+    for seq_len in sorted({r["seq_len"] for r in rows}):
+        for mode in MODES:
+            base, path = by_key[("sdpa", seq_len, mode)], by_key[("path", seq_len, mode)]
+            line = f"| {seq_len} | {mode} | {base['median_ms']:.1f} | {path['median_ms']:.1f} |"
+            line += f" {path['median_ms'] / base['median_ms']:.2f}x |"
+            if memory:
+                line += f" {base['extra_mib']:.0f} | {path['extra_mib']:.0f} |"
+                line += f" {path['extra_mib'] / max(base['extra_mib'], 1.0):.2f}x |"
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def sweep_table(rows: list[dict[str, object]], baseline: dict[str, float], memory: bool) -> str:
+    head = "| chunk | mode | PaTH ms | vs SDPA+RoPE |" + (" PaTH MiB |" if memory else "")
+    lines = [head, "|---|---|---|---|" + ("---|" if memory else "")]
+    for r in sorted(rows, key=lambda r: (r["mode"], r["chunk_size"])):
+        ratio = r["median_ms"] / baseline[r["mode"]]
+        line = f"| {r['chunk_size']} | {r['mode']} | {r['median_ms']:.1f} | {ratio:.2f}x |"
+        lines.append(line + (f" {r['extra_mib']:.0f} |" if memory else ""))
+    return "\n".join(lines)
+
+
+def parse_ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seq-lens", type=parse_ints, default=[512, 1024, 2048, 4096])
+    parser.add_argument("--heads", type=int, default=8, help="H = HQ")
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--chunk-size", type=int, default=64, help="path_attention chunk size for the main table")
+    parser.add_argument("--chunk-sizes", type=parse_ints, default=[], help="sweep, e.g. 32,64,128,256")
+    parser.add_argument("--sweep-seq-len", type=int, default=2048)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
+    parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the memory subprocesses")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "attention_cpu.json")
+    parser.add_argument("--memory-cases", help=argparse.SUPPRESS)  # internal: the memory subprocess
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    if args.memory_cases:
+        cases = [Case.parse(spec) for spec in args.memory_cases.split(",")]
+        print(json.dumps([measure_memory_here(case, args.heads, args.head_dim) for case in cases]))
+        return
+
+    info = machine_info(args.threads)
+    print(f"# PaTH attention (torch backend) vs RoPE + SDPA on CPU: {info['cpu']}, {info['nproc']} cores,")
+    print(f"# torch {info['torch']}, torch.set_num_threads({args.threads}), fp32, B=1, H=HQ={args.heads},")
+    print(f"# D={args.head_dim}, chunk_size={args.chunk_size}; median of {args.reps} after {args.warmup} warm-up.")
+    if args.memory:
+        print("# Memory: extra peak RSS of one step over RSS after inputs exist and one warm-up step (measured")
+        print("# in a separate process with MALLOC_MMAP_THRESHOLD_=65536, so freed tensors leave the resident set).")
+    print(f"# Commit {info['commit']}; load average at start: {info['loadavg_start']}")
+
+    groups = [[Case(m, t, mode, args.chunk_size) for m in METHODS] for t in args.seq_lens for mode in MODES]
+    rows = run(groups, args)
+    result: dict[str, object] = {"machine": info, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
+    print()
+    print(comparison_table(rows, args.memory))
+
+    if args.chunk_sizes:
+        sweep_groups = [
+            [Case("sdpa", args.sweep_seq_len, mode, args.chunk_size)]
+            + [Case("path", args.sweep_seq_len, mode, c) for c in args.chunk_sizes]
+            for mode in MODES
+        ]
+        sweep = run(sweep_groups, args)
+        result["sweep"] = sweep
+        print(f"\nChunk-size sweep at T={args.sweep_seq_len}:\n")
+        base = {r["mode"]: r["median_ms"] for r in sweep if r["method"] == "sdpa"}
+        print(sweep_table([r for r in sweep if r["method"] == "path"], base, args.memory))
+
+    fwd = {r["method"]: r["median_ms"] for r in rows if r["seq_len"] == 2048 and r["mode"] == "fwd"}
+    if len(fwd) == 2:
+        ratio = fwd["path"] / fwd["sdpa"]
+        result["goal_fwd_ratio_t2048"] = ratio
+        verdict = "met" if ratio <= 2 else "not met"
+        print(f"\nGoal (torch backend forward <= 2x SDPA+RoPE at T=2048): {ratio:.2f}x, {verdict}")
+
+    info["loadavg_end"] = os.getloadavg()
+    print(f"# Load average at end: {info['loadavg_end']}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"# JSON: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

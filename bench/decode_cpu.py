@@ -1,0 +1,127 @@
+"""CPU benchmark: greedy decoding with the cache, tiny PaTHLlamaForCausalLM against LlamaForCausalLM of the same sizes.
+
+    python bench/decode_cpu.py                          # hidden 256, 4 layers, 4 heads, vocab 1024, P=512, N=128
+
+Both models are randomly initialised from one LlamaConfig (PaTH adds its own fields on top) and run
+`generate(do_sample=False)` with no EOS, so every run makes exactly N new tokens. Decode tokens/s counts the
+N - 1 tokens after the first: (N - 1) / (time of generate(N) - time of generate(1)), so prompt prefill drops
+out. Medians of --reps runs after one warm-up, in one process, the models' repetitions alternating. Prints a
+Markdown table, writes JSON to bench/out/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
+
+# On a shared 2-core machine two OpenMP threads stall whenever another process holds a core: we saw 10x
+# slowdowns and fwd slower than fwd+bwd. One thread gives ratios that reproduce.
+THREADS_HELP = "torch.set_num_threads; default 1, because 2 threads on a busy 2-core machine give erratic times"
+
+
+def build_models(args: argparse.Namespace) -> dict[str, PreTrainedModel]:
+    sizes = {
+        "hidden_size": args.hidden,
+        "intermediate_size": 4 * args.hidden,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": args.heads,
+        "num_key_value_heads": args.heads,
+        "vocab_size": args.vocab,
+        "max_position_embeddings": args.prompt_len + args.new_tokens,
+        "eos_token_id": None,
+        "pad_token_id": 0,
+    }
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(**sizes, attn_implementation="sdpa"))
+    path_config = PaTHLlamaConfig(**sizes, rope_mode=args.rope_mode, path_backend="torch")
+    path = PaTHLlamaForCausalLM(path_config)
+    return {"llama (sdpa)": llama.eval(), f"path-llama (rope_mode={args.rope_mode})": path.eval()}
+
+
+def generate_seconds(model: PreTrainedModel, prompt: torch.Tensor, new_tokens: int) -> float:
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    elapsed = time.perf_counter() - start
+    assert out.shape[1] == prompt.shape[1] + new_tokens, out.shape
+    return elapsed
+
+
+def measure(models: dict[str, PreTrainedModel], prompt: torch.Tensor, new_tokens: int, reps: int) -> dict[str, dict]:
+    """Repetitions alternate between the models, so background load hits them alike."""
+    for model in models.values():
+        generate_seconds(model, prompt, new_tokens)  # warm-up
+    full: dict[str, list[float]] = {name: [] for name in models}
+    first: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(reps):
+        for name, model in models.items():
+            full[name].append(generate_seconds(model, prompt, new_tokens))
+            first[name].append(generate_seconds(model, prompt, 1))
+    rows = {}
+    for name, model in models.items():
+        full_s, first_s = statistics.median(full[name]), statistics.median(first[name])
+        rows[name] = {
+            "params": sum(p.numel() for p in model.parameters()),
+            "generate_s": full_s,
+            "prefill_plus_first_token_s": first_s,
+            "decode_tokens_per_s": prompt.shape[0] * (new_tokens - 1) / (full_s - first_s),
+            "end_to_end_tokens_per_s": prompt.shape[0] * new_tokens / full_s,
+            "generate_s_all": full[name],
+            "prefill_plus_first_token_s_all": first[name],
+        }
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--rope-mode", choices=["drop", "keep"], default="drop")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "decode_cpu.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    models = build_models(args)
+    prompt = torch.randint(1, args.vocab, (args.batch, args.prompt_len), generator=torch.Generator().manual_seed(0))
+    print(f"# Greedy decode on CPU, torch {torch.__version__}, torch.set_num_threads({args.threads}), fp32;")
+    print(f"# hidden {args.hidden}, {args.layers} layers, {args.heads} heads, vocab {args.vocab}, batch {args.batch},")
+    print(f"# prompt {args.prompt_len}, {args.new_tokens} new tokens; median of {args.reps} after one warm-up.")
+    loadavg_start = os.getloadavg()
+    print(f"# Load average at start: {loadavg_start}")
+    rows = measure(models, prompt, args.new_tokens, args.reps)
+    base = rows[next(iter(rows))]
+    print("\n| model | params | decode tok/s | vs Llama | generate(N) s | prefill + 1st token s |")
+    print("|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        ratio = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
+        print(
+            f"| {name} | {r['params'] / 1e6:.2f}M | {r['decode_tokens_per_s']:.1f} | {ratio:.2f}x |"
+            f" {r['generate_s']:.2f} | {r['prefill_plus_first_token_s']:.3f} |"
+        )
+    loadavg_end = os.getloadavg()
+    print(f"# Load average at end: {loadavg_end}")
+    machine = {"torch": torch.__version__, "threads": args.threads, "loadavg": [loadavg_start, loadavg_end]}
+    result = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"# JSON: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
