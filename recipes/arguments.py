@@ -1,0 +1,347 @@
+# Copyright 2026 The path-hf authors. Apache-2.0.
+"""The arguments of recipes/train.py: dataclasses with help text, read once from a YAML file and `key=value` overrides.
+
+    accelerate launch recipes/train.py --config recipes/configs/tiny-cpu.yaml training.output_dir=runs/x \\
+        stages.0.tokens=1e5
+
+A YAML file has four sections: `model` (`ModelArguments`), `data` (`DataArguments`), `stages` (a list of `Stage`) and
+`training` (`TrainingArguments`). Every key is checked before any work starts: an unknown key, a missing required
+key, a wrong type or a value outside its choices fails naming the field (`training.batch_size`, `stages.0.name`).
+`python recipes/train.py --help` lists every key with its default and help.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from pathlib import Path
+
+import yaml
+
+STAGES = ("align", "distill", "lm")
+TRAINABLE = ("path", "attention", "full", "lora")
+TRACKERS = ("tensorboard", "jsonl", "wandb")
+
+
+class RecipeError(Exception):
+    """A configuration the recipe refuses, or a run that cannot go on; the message names the field or the step."""
+
+
+def _help(text: str, **metadata) -> dict:
+    return {"help": text, **metadata}
+
+
+@dataclass
+class ModelArguments:
+    path: str = field(
+        metadata=_help(
+            "the model to recover: a converted PaTH checkpoint (model_type path_llama), or a RoPE Llama/Qwen source "
+            "that is converted on the fly with `convert` into <output_dir>/converted"
+        )
+    )
+    teacher: str | None = field(
+        default=None,
+        metadata=_help(
+            "the source RoPE model: the perplexity baseline and the teacher of the align and distill stages. Default: "
+            "`path` when it is a RoPE model, else the source recorded by the converter (config.path_conversion)"
+        ),
+    )
+    convert: dict = field(
+        default_factory=dict,
+        metadata=_help(
+            "options of `path-hf convert` (conversion/options.py ConvertOptions fields: rope, init, forget_gate, "
+            "layers, w_rank, conv_size, seed, dtype) used when `path` is a RoPE model"
+        ),
+    )
+    dtype: str = field(default="float32", metadata=_help("dtype the trained model is loaded in (master weights)"))
+    teacher_dtype: str = field(default="float32", metadata=_help("dtype of the frozen teacher"))
+
+
+@dataclass
+class DataArguments:
+    train_files: list[str] = field(
+        default_factory=list,
+        metadata=_help(
+            "local .txt (documents separated by blank lines), .jsonl/.json or .parquet files; or use `dataset`"
+        ),
+    )
+    dataset: str | None = field(default=None, metadata=_help("a hub dataset name, instead of train_files"))
+    dataset_config: str | None = field(default=None, metadata=_help("the hub dataset's configuration name"))
+    dataset_split: str = field(default="train", metadata=_help("the hub dataset's split"))
+    streaming: bool = field(
+        default=False,
+        metadata=_help("stream the data (hub or local files) instead of preparing it all first; for large datasets"),
+    )
+    text_field: str = field(default="text", metadata=_help("column holding the text of .jsonl/.parquet/hub data"))
+    eval_files: list[str] = field(
+        default_factory=list,
+        metadata=_help("held-out evaluation files; if empty, the first `eval_documents` documents are held out"),
+    )
+    eval_documents: int = field(
+        default=100, metadata=_help("documents held out of the training data for evaluation (without eval_files)")
+    )
+    eval_tokens: int = field(default=100_000, metadata=_help("at most this many evaluation tokens are scored"))
+    block_size: int = field(default=2048, metadata=_help("tokens per packed training sequence"))
+    shuffle_seed: int = field(default=0, metadata=_help("seed of the order of the training blocks"))
+    shuffle_buffer: int = field(default=10_000, metadata=_help("shuffle buffer (documents) when streaming"))
+
+
+@dataclass
+class Stage:
+    name: str = field(
+        metadata=_help(
+            "align: each PaTH layer's attention output matched to the source layer's on the same input (MSE); "
+            "distill: KL to the source model's next-token distribution; lm: plain language modelling",
+            choices=STAGES,
+        )
+    )
+    tokens: int = field(metadata=_help("training tokens of this stage (all processes together)"))
+    learning_rate: float = field(metadata=_help("peak learning rate"))
+    warmup_ratio: float = field(default=0.05, metadata=_help("fraction of the stage's steps of linear warmup"))
+    min_lr_ratio: float = field(default=0.1, metadata=_help("cosine decay ends at learning_rate * min_lr_ratio"))
+
+
+@dataclass
+class TrainingArguments:
+    output_dir: str = field(metadata=_help("run directory: converted model, checkpoints, logs, final model"))
+    trainable: str = field(
+        default="path",
+        metadata=_help(
+            "path: only the new PaTH parameters; attention: PaTH parameters and q/k/v/o of the PaTH layers; full: "
+            "everything; lora: LoRA on lora_target_modules, the PaTH parameters fully trained, merged at the end",
+            choices=TRAINABLE,
+        ),
+    )
+    lora_r: int = field(default=16, metadata=_help("LoRA rank"))
+    lora_alpha: int = field(default=32, metadata=_help("LoRA alpha"))
+    lora_dropout: float = field(default=0.0, metadata=_help("LoRA dropout"))
+    lora_target_modules: list[str] | str = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        metadata=_help("module names LoRA wraps, or 'all-linear' (the PaTH projections are never wrapped)"),
+    )
+    batch_size: int = field(default=8, metadata=_help("sequences per process per micro-batch"))
+    gradient_accumulation_steps: int = field(default=1, metadata=_help("micro-batches per optimizer step"))
+    weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay"))
+    max_grad_norm: float = field(default=1.0, metadata=_help("gradient clipping norm; 0 turns clipping off"))
+    distill_temperature: float = field(default=1.0, metadata=_help("softmax temperature of the distill stage"))
+    activation_checkpointing: bool = field(default=False, metadata=_help("recompute activations in backward"))
+    eval_every: int = field(default=100, metadata=_help("evaluate perplexity every N optimizer steps (and at the end)"))
+    eval_lengths: list[int] = field(
+        default_factory=lambda: [1, 2, 4],
+        metadata=_help("evaluation context lengths, as multiples of block_size: length extrapolation"),
+    )
+    eval_batch_size: int = field(default=4, metadata=_help("windows per evaluation forward pass"))
+    target_ratio: float | None = field(
+        default=None, metadata=_help("stop once perplexity / source perplexity (at 1x block_size) is at most this")
+    )
+    log_every: int = field(default=10, metadata=_help("log the training loss every N optimizer steps"))
+    log_with: list[str] = field(
+        default_factory=lambda: ["tensorboard", "jsonl"],
+        metadata=_help(f"trackers, any of {', '.join(TRACKERS)}"),
+    )
+    save_every: int = field(default=500, metadata=_help("checkpoint (accelerator.save_state) every N optimizer steps"))
+    keep_checkpoints: int = field(default=2, metadata=_help("how many of the latest checkpoints to keep"))
+    resume: bool = field(default=False, metadata=_help("continue from the latest checkpoint in output_dir"))
+    seed: int = field(default=0, metadata=_help("seed of the run (LoRA init, dropout)"))
+
+
+@dataclass
+class RecipeConfig:
+    model: ModelArguments
+    data: DataArguments
+    stages: list[Stage]
+    training: TrainingArguments
+
+
+def _convert(value, kind, name: str):
+    """`value` checked against the annotation `kind`: ints become floats where floats are expected, numbers in
+    scientific notation (`1e6`, which YAML 1.1 reads as a string) become numbers, whole floats become ints."""
+    origin = typing.get_origin(kind)
+    if origin in (types.UnionType, typing.Union):
+        options = typing.get_args(kind)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _convert(value, option, name)
+            except RecipeError as error:
+                errors.append(str(error))
+        raise RecipeError(errors[0])
+    if origin is list:
+        (item,) = typing.get_args(kind)
+        if not isinstance(value, list):
+            raise RecipeError(f"{name} must be a list, got {value!r}")
+        return [_convert(v, item, f"{name}.{i}") for i, v in enumerate(value)]
+    if is_dataclass(kind):
+        return from_dict(kind, value, name)
+    if kind is dict:
+        if not isinstance(value, dict):
+            raise RecipeError(f"{name} must be a mapping, got {value!r}")
+        return value
+    if kind in (int, float) and isinstance(value, str):
+        try:
+            value = float(value)  # YAML 1.1 reads 1e6 (no dot) as a string
+        except ValueError:
+            raise RecipeError(f"{name} must be {kind.__name__}, got {value!r}") from None
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, float) and value.is_integer():
+        return int(value)  # 1e6 tokens
+    if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise RecipeError(f"{name} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def from_dict(cls, data, prefix: str):
+    """`cls(**data)`, every key checked: unknown keys, missing required keys, types and `choices` fail naming the
+    field (`prefix.key`)."""
+    if not isinstance(data, dict):
+        raise RecipeError(f"{prefix or 'the config file'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    for key in data:
+        if key not in known:
+            where = f" of {prefix}" if prefix else ""
+            raise RecipeError(f"unknown key {_join(prefix, key)} (known keys{where}: {', '.join(known)})")
+    values = {}
+    for name, option in known.items():
+        full_name = _join(prefix, name)
+        if name not in data:
+            if option.default is MISSING and option.default_factory is MISSING:
+                raise RecipeError(f"{full_name} is required: {option.metadata.get('help', '')}")
+            continue
+        values[name] = _convert(data[name], hints[name], full_name)
+        choices = option.metadata.get("choices")
+        if choices and values[name] not in choices:
+            raise RecipeError(f"{full_name} must be one of {', '.join(choices)}; got {values[name]!r}")
+    return cls(**values)
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def set_override(tree: dict, override: str) -> None:
+    """Apply `a.b.c=value` (the value read as YAML) to the nested dicts and lists of `tree`."""
+    key, sep, raw = override.partition("=")
+    if not sep or not key:
+        raise RecipeError(f"override {override!r} is not key=value (e.g. training.batch_size=4)")
+    parts = key.split(".")
+    node = tree
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise RecipeError(f"override {key}: {'.'.join(parts[:i])} has no item {part}")
+            part = int(part)
+        elif not isinstance(node, dict):
+            raise RecipeError(f"override {key}: {'.'.join(parts[:i])} is not a mapping")
+        if last:
+            node[part] = yaml.safe_load(raw)
+        else:
+            node = node.setdefault(part, {}) if isinstance(node, dict) else node[part]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Recover a PaTH model converted from a RoPE model: attention alignment, logit distillation and "
+        "continued pretraining, tracking perplexity against the source model.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="keys (section.key=value overrides the YAML file; values are read as YAML):\n" + describe_keys(),
+    )
+    parser.add_argument("--config", required=True, help="YAML file with sections model, data, stages, training")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. training.batch_size=4")
+    return parser
+
+
+def describe_keys() -> str:
+    """Every key with its default and help text, for `--help`."""
+    sections = (
+        ("model", ModelArguments),
+        ("data", DataArguments),
+        ("stages.N", Stage),
+        ("training", TrainingArguments),
+    )
+    return "\n".join(line for section, cls in sections for line in _describe(section, cls))
+
+
+def _describe(section: str, cls) -> list[str]:
+    lines = []
+    for option in fields(cls):
+        if option.default is not MISSING:
+            default = f" (default: {option.default})"
+        elif option.default_factory is not MISSING:
+            default = f" (default: {option.default_factory()})"
+        else:
+            default = " (required)"
+        lines.append(f"  {section}.{option.name}{default}: {option.metadata['help']}")
+    return lines
+
+
+def parse_config(argv: list[str] | None = None) -> RecipeConfig:
+    """Read `--config` and the `key=value` overrides into a checked `RecipeConfig`."""
+    args = build_parser().parse_args(argv)
+    path = Path(args.config)
+    if not path.is_file():
+        raise RecipeError(f"--config {path}: no such file")
+    tree = yaml.safe_load(path.read_text()) or {}
+    for override in args.overrides:
+        set_override(tree, override)
+    config = from_dict(RecipeConfig, tree, "")
+    check_values(config)
+    return config
+
+
+def check_values(config: RecipeConfig) -> None:
+    """Checks of values that need no file or model: positive sizes, a stage to run, known trackers."""
+    data, training = config.data, config.training
+    if not config.stages:
+        raise RecipeError("stages is empty: give at least one of align, distill, lm")
+    for i, stage in enumerate(config.stages):
+        if stage.tokens <= 0 or stage.learning_rate <= 0:
+            raise RecipeError(f"stages.{i}.tokens and stages.{i}.learning_rate must be positive")
+    positive = {
+        "data.block_size": data.block_size,
+        "data.eval_tokens": data.eval_tokens,
+        "training.batch_size": training.batch_size,
+        "training.gradient_accumulation_steps": training.gradient_accumulation_steps,
+        "training.eval_every": training.eval_every,
+        "training.eval_batch_size": training.eval_batch_size,
+        "training.log_every": training.log_every,
+        "training.save_every": training.save_every,
+        "training.keep_checkpoints": training.keep_checkpoints,
+    }
+    for name, value in positive.items():
+        if value <= 0:
+            raise RecipeError(f"{name} must be positive, got {value}")
+    if not training.eval_lengths or min(training.eval_lengths) < 1:
+        raise RecipeError(
+            f"training.eval_lengths must be positive multiples of block_size, got {training.eval_lengths}"
+        )
+    unknown = sorted(set(training.log_with) - set(TRACKERS))
+    if unknown:
+        raise RecipeError(f"training.log_with: unknown tracker(s) {unknown}; use {', '.join(TRACKERS)}")
+    for tracker in set(training.log_with) - {"jsonl"}:
+        if importlib.util.find_spec(tracker) is None:
+            raise RecipeError(f"training.log_with: {tracker} is not installed (pip install {tracker})")
+    if bool(data.train_files) == bool(data.dataset):
+        raise RecipeError("give exactly one of data.train_files (local files) and data.dataset (a hub dataset)")
+
+
+__all__ = [
+    "DataArguments",
+    "ModelArguments",
+    "RecipeConfig",
+    "RecipeError",
+    "Stage",
+    "TrainingArguments",
+    "parse_config",
+]

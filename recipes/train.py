@@ -1,0 +1,835 @@
+# Copyright 2026 The path-hf authors. Apache-2.0.
+"""Recover a PaTH model converted from a RoPE model, tracking its perplexity against the source model.
+
+    accelerate launch recipes/train.py --config recipes/configs/tiny-cpu.yaml [section.key=value ...]
+
+Stages, any subset in order, each with its own token budget and learning rate: `align` (each PaTH layer's attention
+output matched to the source layer's on the same input, MSE), `distill` (KL to the source model's next-token
+distribution) and `lm` (continued pretraining). The source model's and the converted model's perplexity on a
+held-out split are measured before training, then the converted model's every `eval_every` steps and at the end, at
+1x, 2x, 4x... the training block length; `recovery.json` and `recovery.png` hold the result. See recipes/README.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator, DistributedDataParallelKwargs, DistributedType, skip_first_batches
+from accelerate.tracking import GeneralTracker
+from accelerate.utils import ProjectConfiguration, set_seed
+
+# recipes/arguments.py: this script's directory is on sys.path when it runs
+from arguments import DataArguments, ModelArguments, RecipeConfig, RecipeError, Stage, TrainingArguments, parse_config
+from datasets import Dataset, IterableDataset, load_dataset
+from peft import LoraConfig, get_peft_model
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+
+from conversion.convert import convert
+from conversion.errors import ConversionError
+from conversion.options import ConvertOptions
+from path_hf import PaTHLlamaAttention, PaTHLlamaConfig, PaTHLlamaForCausalLM
+from path_hf.evaluation import IGNORE_INDEX, PerplexityResult, Window, make_windows, score_windows
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Models: the student (converted on the fly from a RoPE source if needed) and the teacher
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """Where the student and the teacher come from, known from their configs alone."""
+
+    student: str  # a PaTH checkpoint, existing or written by the conversion
+    convert_from: str | None  # a RoPE source to convert into `student` first
+    teacher: str | None
+
+
+def plan_models(config: RecipeConfig) -> ModelPlan:
+    """Read the model configs and refuse what cannot train: a block longer than the model's positions, a teacher
+    whose vocabulary differs, conversion options of the wrong kind. Loads no weights."""
+    model_args = config.model
+    student_config = _load_config(model_args.path, "model.path")
+    if student_config.model_type == PaTHLlamaConfig.model_type:
+        if model_args.convert:
+            raise RecipeError(f"model.convert is set but model.path {model_args.path} is already a PaTH checkpoint")
+        recorded = getattr(student_config, "path_conversion", None) or {}
+        student, convert_from, teacher = model_args.path, None, model_args.teacher or recorded.get("source")
+    else:
+        student = str(Path(config.training.output_dir) / "converted")
+        convert_from, teacher = model_args.path, model_args.teacher or model_args.path
+        conversion_options(model_args, student)  # checks the option names and values now
+    limit = getattr(student_config, "max_position_embeddings", None)
+    if limit is not None and config.data.block_size > limit:
+        raise RecipeError(
+            f"data.block_size {config.data.block_size} is above the model's limit (max_position_embeddings={limit})"
+        )
+    needs_teacher = any(stage.name in ("align", "distill") for stage in config.stages)
+    if teacher is None and needs_teacher:
+        raise RecipeError("model.teacher is required by the align and distill stages (the source RoPE model)")
+    if teacher is not None:
+        teacher_config = _load_config(teacher, "model.teacher")
+        if teacher_config.vocab_size != student_config.vocab_size:
+            raise RecipeError(
+                f"model.teacher {teacher} has a vocabulary of {teacher_config.vocab_size} tokens, the model "
+                f"{student_config.vocab_size}: distillation and the perplexity ratio need the same tokenizer"
+            )
+    return ModelPlan(student, convert_from, teacher)
+
+
+def _load_config(name: str, field_name: str) -> PretrainedConfig:
+    try:
+        return AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as error:
+        raise RecipeError(f"{field_name} {name}: cannot read its config ({str(error).splitlines()[0]})") from error
+
+
+def conversion_options(model_args: ModelArguments, output: str) -> ConvertOptions:
+    """`model.convert` as the converter's own `ConvertOptions` (one definition of every conversion option)."""
+    known = {option.name: option for option in fields(ConvertOptions)}
+    options = {}
+    for key, value in model_args.convert.items():
+        if key not in known or key in ("source", "output", "dry_run", "verify", "force", "debug"):
+            raise RecipeError(f"unknown key model.convert.{key}")
+        parse = known[key].metadata.get("parse")
+        options[key] = parse(str(value)) if parse and isinstance(value, (str, int)) else value
+    try:
+        return ConvertOptions(source=model_args.path, output=output, **options)
+    except (ConversionError, ValueError) as error:
+        raise RecipeError(f"model.convert: {error}") from error
+
+
+def load_models(config: RecipeConfig, plan: ModelPlan, accelerator: Accelerator):
+    """Convert if needed (on the main process, once: a resumed run reuses the converted model), then load the
+    student and the frozen teacher."""
+    if plan.convert_from is not None and accelerator.is_main_process and not Path(plan.student).is_dir():
+        convert(conversion_options(config.model, plan.student))
+    accelerator.wait_for_everyone()
+    student = AutoModelForCausalLM.from_pretrained(plan.student, dtype=getattr(torch, config.model.dtype))
+    teacher = None
+    if plan.teacher is not None:
+        deepspeed_plugin = accelerator.state.deepspeed_plugin
+        # Under ZeRO-3 a model loaded now would be partitioned without an engine: keep the teacher whole.
+        no_zero_init = deepspeed_plugin.zero3_init_context_manager(False) if deepspeed_plugin else nullcontext()
+        with no_zero_init:
+            teacher = AutoModelForCausalLM.from_pretrained(
+                plan.teacher, dtype=getattr(torch, config.model.teacher_dtype)
+            )
+        teacher.eval().requires_grad_(False)
+    return student, teacher
+
+
+PATH_MODULES = ("w_proj", "w_conv1d", "bt_proj", "g_proj")
+
+
+def path_attention_layers(model: nn.Module) -> dict[int, PaTHLlamaAttention]:
+    """The PaTH attention modules of `model` (also inside a PEFT or engine wrapper), by layer index."""
+    return {m.layer_idx: m for m in model.modules() if isinstance(m, PaTHLlamaAttention)}
+
+
+def select_trainable(model: PaTHLlamaForCausalLM, training: TrainingArguments) -> nn.Module:
+    """Freeze what `training.trainable` leaves out; with `lora`, wrap the model with PEFT (LoRA on the chosen
+    modules, the PaTH modules fully trained through `modules_to_save`)."""
+    present = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name.endswith(PATH_MODULES)})
+    if training.trainable == "lora":
+        targets = training.lora_target_modules
+        if targets == "all-linear":
+            # bt_proj / g_proj are nn.Linear subclasses whose output is beta / g, not a linear map: never LoRA them.
+            targets = sorted(
+                {
+                    name.rsplit(".", 1)[-1]
+                    for name, module in model.named_modules()
+                    if isinstance(module, nn.Linear) and name != "lm_head" and not _in_path_module(name)
+                }
+            )
+        elif isinstance(targets, str) or set(targets) & set(PATH_MODULES):
+            raise RecipeError(
+                "training.lora_target_modules must be a list of module names or 'all-linear', without the PaTH "
+                f"modules {PATH_MODULES} (they are trained fully)"
+            )
+        lora = LoraConfig(
+            r=training.lora_r,
+            lora_alpha=training.lora_alpha,
+            lora_dropout=training.lora_dropout,
+            target_modules=targets,
+            modules_to_save=present,
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(model, lora)
+    layers = path_attention_layers(model)
+    for name, param in model.named_parameters():
+        if training.trainable == "full":
+            param.requires_grad_(True)
+        elif training.trainable == "path":
+            param.requires_grad_(_in_path_module(name))
+        else:  # attention: everything in the self_attn of PaTH layers
+            match = re.match(r"model\.layers\.(\d+)\.self_attn\.", name)
+            param.requires_grad_(match is not None and int(match[1]) in layers)
+    return model
+
+
+def _in_path_module(name: str) -> bool:
+    return any(f".{module}." in f".{name}." for module in PATH_MODULES)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Data: documents -> tokens -> fixed-length blocks, documents never attending to each other
+
+
+def _data_files(files: list[str], field_name: str) -> tuple[str, dict]:
+    """The `datasets` builder and its arguments for local files, all of one kind."""
+    missing = [file for file in files if not Path(file).is_file()]
+    if missing:
+        raise RecipeError(f"{field_name}: no such file(s): {', '.join(missing)}")
+    suffixes = {Path(file).suffix for file in files}
+    builders = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+    if len(suffixes) != 1 or next(iter(suffixes)) not in builders:
+        raise RecipeError(f"{field_name}: files must all be .txt, .jsonl/.json or .parquet, got {sorted(suffixes)}")
+    builder = builders[suffixes.pop()]
+    kwargs = {"sample_by": "paragraph"} if builder == "text" else {}  # a .txt document ends at a blank line
+    return builder, {"data_files": files, **kwargs}
+
+
+def load_documents(data: DataArguments) -> tuple[Dataset | IterableDataset, list[str]]:
+    """The training documents, and the held-out evaluation texts, which never enter training."""
+    if data.dataset:
+        documents = load_dataset(data.dataset, data.dataset_config, split=data.dataset_split, streaming=data.streaming)
+    else:
+        builder, kwargs = _data_files(data.train_files, "data.train_files")
+        documents = load_dataset(builder, split="train", streaming=data.streaming, **kwargs)
+    columns = documents.column_names
+    if columns is not None and data.text_field not in columns:
+        raise RecipeError(f"data.text_field {data.text_field!r} is not a column of the data (columns: {columns})")
+    documents = documents.select_columns([data.text_field]).filter(lambda row: bool(row[data.text_field].strip()))
+    if data.eval_files:
+        builder, kwargs = _data_files(data.eval_files, "data.eval_files")
+        held_out = load_dataset(builder, split="train", **kwargs)[data.text_field]
+        eval_texts = [text for text in held_out if text.strip()]
+    else:
+        eval_texts = [row[data.text_field] for row in documents.take(data.eval_documents)]
+        documents = documents.skip(data.eval_documents)
+    if not eval_texts:
+        raise RecipeError("data: the evaluation split is empty (data.eval_files or data.eval_documents)")
+    if next(iter(documents), None) is None:
+        raise RecipeError("data: no training documents left (empty files, or all held out by data.eval_documents)")
+    return documents, eval_texts
+
+
+def pack_documents(texts: list[str], tokenizer, block_size: int) -> dict[str, list[list[int]]]:
+    """Tokenise `texts` (each followed by EOS) and cut the stream into blocks of `block_size` tokens, with
+    `position_ids` restarting at 0 where a document (or a block) starts, which the models read as sequence
+    boundaries, and `labels` ignoring each sequence's first token, which nothing in its sequence predicts."""
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    input_ids, position_ids = [], []
+    for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]:
+        ids = ids + eos
+        input_ids += ids
+        position_ids += range(len(ids))
+    blocks = {"input_ids": [], "position_ids": [], "labels": []}
+    for start in range(0, len(input_ids) - block_size + 1, block_size):
+        ids = input_ids[start : start + block_size]
+        positions = position_ids[start : start + block_size]
+        # A block starting inside a document starts a sequence there: renumber that fragment from 0.
+        fragment = positions.index(0, 1) if 0 in positions[1:] else block_size
+        positions = list(range(fragment)) + positions[fragment:]
+        blocks["input_ids"].append(ids)
+        blocks["position_ids"].append(positions)
+        blocks["labels"].append([IGNORE_INDEX if p == 0 else t for t, p in zip(ids, positions, strict=True)])
+    return blocks
+
+
+def training_blocks(documents, tokenizer, data: DataArguments, accelerator: Accelerator):
+    """Packed training blocks in a fixed shuffled order (what makes `resume` exact), as torch tensors."""
+    if isinstance(documents, IterableDataset):
+        documents = documents.shuffle(seed=data.shuffle_seed, buffer_size=data.shuffle_buffer)
+    with accelerator.main_process_first():  # the main process tokenises, the others read its cache
+        blocks = documents.map(
+            lambda batch: pack_documents(batch[data.text_field], tokenizer, data.block_size),
+            batched=True,
+            batch_size=1000,
+            remove_columns=[data.text_field],
+        )
+    if isinstance(blocks, Dataset):
+        empty = len(blocks) == 0
+        blocks = blocks.shuffle(seed=data.shuffle_seed)
+    else:  # a stream: pack its first batch of documents
+        empty = next(iter(blocks), None) is None
+    if empty:
+        raise RecipeError(f"data: the training documents make no block of data.block_size={data.block_size} tokens")
+    return blocks.with_format("torch")
+
+
+def evaluation_tokens(eval_texts: list[str], tokenizer, data: DataArguments) -> list[int]:
+    """The held-out texts as one stream (EOS between documents), at most `data.eval_tokens` tokens."""
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    stream: list[int] = []
+    for ids in tokenizer(eval_texts, add_special_tokens=True)["input_ids"]:
+        stream += ids + eos
+        if len(stream) >= data.eval_tokens:
+            break
+    return stream[: data.eval_tokens]
+
+
+def endless_batches(dataloader, start: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Batches of `dataloader` epoch after epoch, from batch `start` on (a resumed run's data position). A map-style
+    dataset skips to it through its sampler, without loading the skipped batches; a stream reads past them."""
+    epochs = itertools.chain.from_iterable(itertools.repeat(dataloader))
+    try:
+        epoch_length = len(dataloader)
+    except TypeError:  # a stream has no length
+        yield from itertools.islice(epochs, start, None)
+        return
+    yield from skip_first_batches(dataloader, start % epoch_length)
+    yield from epochs
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Losses of the three stages
+
+
+class AttentionAlignment:
+    """Stage 1: every PaTH layer's attention, run on the teacher's attention input for that layer (the normed hidden
+    states and RoPE tables the teacher's `self_attn` received), is matched to the teacher's attention output (MSE).
+
+    Hooks on the teacher's `self_attn` record its inputs and outputs; hooks on the student's PaTH `self_attn`
+    substitute the recorded inputs while `active`. The student runs through its own (wrapped) forward, so DDP, FSDP
+    and DeepSpeed see an ordinary forward; layers after a PaTH attention compute on values nobody reads.
+    """
+
+    def __init__(self, student: nn.Module, teacher: nn.Module):
+        self.active = False
+        self.inputs: dict[int, dict] = {}
+        self.targets: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        if not path_attention_layers(student):
+            raise RecipeError("the align stage needs PaTH layers, and the model has none (path_layers=[])")
+        teacher_layers = teacher.get_decoder().layers
+        for idx, attention in path_attention_layers(student).items():
+            teacher_attention = teacher_layers[idx].self_attn
+            teacher_attention.register_forward_pre_hook(self._record_input(idx), with_kwargs=True)
+            teacher_attention.register_forward_hook(self._record(self.targets, idx))
+            attention.register_forward_pre_hook(self._substitute_input(idx), with_kwargs=True)
+            attention.register_forward_hook(self._record(self.outputs, idx))
+
+    # transformers' decoder layers call `self_attn` with keyword arguments only.
+    def _record_input(self, idx: int):
+        def hook(module, args, kwargs):
+            if self.active:
+                self.inputs[idx] = {"hidden_states": kwargs["hidden_states"], **_rope_kwargs(kwargs)}
+
+        return hook
+
+    def _substitute_input(self, idx: int):
+        def hook(module, args, kwargs):
+            if self.active:
+                recorded = self.inputs[idx]
+                dtype = kwargs["hidden_states"].dtype
+                kwargs = {**kwargs, "hidden_states": recorded["hidden_states"].to(dtype)}
+                if "position_embeddings" in recorded:
+                    kwargs["position_embeddings"] = tuple(t.to(dtype) for t in recorded["position_embeddings"])
+                return args, kwargs
+            return None
+
+        return hook
+
+    def _record(self, store: dict, idx: int):
+        def hook(module, args, output):
+            if self.active:
+                store[idx] = output[0]
+
+        return hook
+
+    @contextmanager
+    def aligning(self):
+        """The hooks work inside this block: the forward passes, and the backward (which may recompute them)."""
+        self.active = True
+        try:
+            yield
+        finally:
+            self.active = False
+            self.inputs.clear()
+            self.targets.clear()
+            self.outputs.clear()
+
+    def loss(self, model: nn.Module, teacher: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "use_cache": False}
+        with torch.no_grad():
+            teacher(**inputs, logits_to_keep=1)
+        model(**inputs, logits_to_keep=1)
+        losses = [F.mse_loss(self.outputs[i].float(), self.targets[i].float()) for i in sorted(self.outputs)]
+        return torch.stack(losses).mean()
+
+
+def _rope_kwargs(kwargs: dict) -> dict:
+    return {"position_embeddings": kwargs["position_embeddings"]} if "position_embeddings" in kwargs else {}
+
+
+def distillation_loss(
+    model: nn.Module, teacher: nn.Module, batch: dict[str, torch.Tensor], temperature: float
+) -> torch.Tensor:
+    """Stage 2: KL(teacher || student) of the next-token distributions at softened `temperature`, times T^2, mean
+    over the positions that predict a token of their own sequence."""
+    inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "use_cache": False}
+    with torch.no_grad():
+        teacher_logits = teacher(**inputs).logits[:, :-1].float()
+    student_logits = model(**inputs).logits[:, :-1].float()
+    mask = batch["labels"][:, 1:] != IGNORE_INDEX
+    kl = F.kl_div(
+        F.log_softmax(student_logits[mask] / temperature, -1),
+        F.log_softmax(teacher_logits[mask] / temperature, -1),
+        log_target=True,
+        reduction="batchmean",
+    )
+    return kl * temperature**2
+
+
+def lm_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Stage 3: next-token cross entropy, no prediction across sequence boundaries."""
+    return model(**batch, use_cache=False).loss
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Run state, schedule, evaluation, logging
+
+
+@dataclass
+class RunState:
+    """What `save_state` keeps besides model, optimizer and RNG: the data position and the recovery log."""
+
+    step: int = 0
+    batches: int = 0  # micro-batches consumed per process: the data position
+    tokens: int = 0
+    source_ppl: dict[str, float] = field(default_factory=dict)  # by eval length, e.g. "1x"
+    history: list[dict] = field(default_factory=list)
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """A stage placed on the run's optimizer steps: `steps` of them from `first_step`."""
+
+    stage: Stage
+    first_step: int
+    steps: int
+
+
+def plan_stages(stages: list[Stage], tokens_per_step: int) -> list[StagePlan]:
+    """The stages one after another, each with enough steps for its token budget (at least one)."""
+    plans, first = [], 0
+    for stage in stages:
+        steps = max(1, math.ceil(stage.tokens / tokens_per_step))
+        plans.append(StagePlan(stage, first, steps))
+        first += steps
+    return plans
+
+
+def stage_at(plans: list[StagePlan], step: int) -> StagePlan:
+    return next(plan for plan in plans if step < plan.first_step + plan.steps)
+
+
+def learning_rate(plan: StagePlan, step: int) -> float:
+    """The stage's learning rate at global `step`: linear warmup, then cosine decay to `min_lr_ratio`."""
+    stage, progress = plan.stage, step - plan.first_step
+    warmup = int(stage.warmup_ratio * plan.steps)
+    if progress < warmup:
+        return stage.learning_rate * (progress + 1) / (warmup + 1)
+    decay = (progress - warmup) / max(1, plan.steps - warmup)
+    cosine = 0.5 * (1 + math.cos(math.pi * decay))
+    return stage.learning_rate * (stage.min_lr_ratio + (1 - stage.min_lr_ratio) * cosine)
+
+
+def evaluate(
+    model: nn.Module, windows: dict[str, list[Window]], accelerator: Accelerator, batch_size: int
+) -> dict[str, float]:
+    """Perplexity at each evaluation length, the windows split over the processes (each process runs the same
+    number of batches, which sharded engines need)."""
+    results = {}
+    for length, all_windows in windows.items():
+        per_process = math.ceil(len(all_windows) / accelerator.num_processes)
+        mine = all_windows[accelerator.process_index :: accelerator.num_processes]
+        # Filler windows score nothing (labels all ignored) and keep the processes in step.
+        filler = Window(all_windows[0].input_ids, torch.full_like(all_windows[0].labels, IGNORE_INDEX))
+        mine = mine + [filler] * (per_process - len(mine))
+        result = score_windows(model, mine, batch_size)
+        totals = accelerator.reduce(
+            torch.tensor([result.nll_sum, result.tokens], dtype=torch.float64, device=accelerator.device), "sum"
+        )
+        results[length] = PerplexityResult(totals[0].item(), int(totals[1].item())).ppl
+    return results
+
+
+class JSONLTracker(GeneralTracker):
+    """An accelerate tracker appending one JSON object per `log` call to `<logging_dir>/<run_name>/log.jsonl`."""
+
+    name = "jsonl"
+    requires_logging_directory = True
+
+    def __init__(self, run_name: str, logging_dir: str | Path, **kwargs):
+        super().__init__()
+        self.path = Path(logging_dir) / run_name / "log.jsonl"
+
+    def start(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def tracker(self):
+        return self.path
+
+    def store_init_configuration(self, values: dict):
+        self.log({"config": values}, step=None)
+
+    def log(self, values: dict, step: int | None = None, **kwargs):
+        with self.path.open("a") as file:
+            file.write(json.dumps({"step": step, **values}) + "\n")
+
+
+def plot_recovery(state: RunState, path: Path, target_ratio: float | None) -> None:
+    """recovery.png: perplexity ratio to the source against tokens seen, one line per evaluation length (the
+    perplexity itself when there is no source model to compare with)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    metric = "ratio" if state.source_ppl else "ppl"  # without a teacher there is no ratio: plot the perplexity
+    for length in state.history[0][metric]:
+        points = [(entry["tokens"], entry[metric][length]) for entry in state.history]
+        ax.plot(*zip(*points, strict=True), marker="o", label=f"eval at {length} block_size")
+    if state.source_ppl:
+        ax.axhline(1.0, color="gray", linestyle="--", linewidth=1, label="source model")
+    if target_ratio is not None and state.source_ppl:
+        ax.axhline(target_ratio, color="green", linestyle=":", linewidth=1, label=f"target {target_ratio:g}")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("perplexity / source perplexity" if state.source_ppl else "perplexity")
+    ax.set_yscale("log")
+    ax.set_title("PaTH recovery")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    checkpoints = sorted((output_dir / "checkpoints").glob("step-*"))
+    return checkpoints[-1] if checkpoints else None
+
+
+def save_checkpoint(accelerator: Accelerator, state: RunState, output_dir: Path, keep: int) -> Path:
+    """`accelerator.save_state` into `checkpoints/step-NNNNNNNN`, keeping the latest `keep`."""
+    path = output_dir / "checkpoints" / f"step-{state.step:08d}"
+    accelerator.save_state(str(path))
+    if accelerator.is_main_process:
+        for old in sorted((output_dir / "checkpoints").glob("step-*"))[:-keep]:
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return path
+
+
+def all_processes(accelerator: Accelerator, flag: bool) -> bool:
+    """True when `flag` is true on any process (so every process takes the same branch)."""
+    return bool(accelerator.reduce(torch.tensor([float(flag)], device=accelerator.device), "sum").item() > 0)
+
+
+class StopRequest:
+    """While entered, SIGTERM and Ctrl-C set `signal` instead of stopping the process: the loop checkpoints at the
+    end of the step and exits. The previous handlers come back on exit."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._previous = {}
+
+    def __enter__(self) -> StopRequest:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc_info):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum, frame):
+        self.signal = signum
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The run
+
+
+def train(config: RecipeConfig) -> dict:
+    """Run the recipe; returns what `recovery.json` holds."""
+    data_args, training = config.data, config.training
+    output_dir = Path(training.output_dir)
+    # Everything that can be refused is checked before the first model is loaded or converted.
+    plan = plan_models(config)
+    documents, eval_texts = load_documents(data_args)
+
+    trackers = [
+        JSONLTracker("recovery", output_dir / "logs") if name == "jsonl" else name for name in training.log_with
+    ]
+    uses_alignment = any(stage.name == "align" for stage in config.stages)
+    accelerator = Accelerator(
+        gradient_accumulation_steps=training.gradient_accumulation_steps,
+        log_with=trackers,
+        project_config=ProjectConfiguration(project_dir=str(output_dir), logging_dir=str(output_dir / "logs")),
+        # The align stage leaves the parameters after the last PaTH attention without gradients.
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=uses_alignment)],
+    )
+    set_seed(training.seed)
+    deepspeed_plugin = accelerator.state.deepspeed_plugin
+    sharded = accelerator.distributed_type == DistributedType.FSDP or (
+        deepspeed_plugin and deepspeed_plugin.zero_stage == 3
+    )
+    if training.trainable == "lora" and sharded:
+        raise RecipeError("training.trainable=lora merges on one process: use DDP or DeepSpeed ZeRO-2, not FSDP/ZeRO-3")
+
+    student, teacher = load_models(config, plan, accelerator)
+    tokenizer = AutoTokenizer.from_pretrained(plan.student)
+    if training.activation_checkpointing:
+        student.activation_checkpointing_enable()
+        if training.trainable == "lora":  # the frozen embeddings' output must carry gradients into checkpointed layers
+            student.enable_input_require_grads()
+    model = select_trainable(student, training)
+    alignment = AttentionAlignment(model, teacher) if uses_alignment else None
+
+    blocks = training_blocks(documents, tokenizer, data_args, accelerator)
+    dataloader = DataLoader(blocks, batch_size=training.batch_size)
+    stream = evaluation_tokens(eval_texts, tokenizer, data_args)
+    windows = {f"{n}x": make_windows(stream, n * data_args.block_size) for n in sorted(set(training.eval_lengths))}
+    longest = max(training.eval_lengths) * data_args.block_size
+    if len(stream) < longest:
+        raise RecipeError(
+            f"data: the evaluation split has {len(stream)} tokens, fewer than the longest evaluation window "
+            f"(training.eval_lengths x data.block_size = {longest}); raise data.eval_tokens or data.eval_documents"
+        )
+
+    trainable_params = [param for param in model.parameters() if param.requires_grad]
+    optimizer = torch.optim.AdamW(trainable_params, lr=0.0, weight_decay=training.weight_decay)
+    model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
+    if teacher is not None:
+        # FSDP shards the teacher like the student; elsewhere it is a frozen replica on each device.
+        teacher = (
+            accelerator.prepare_model(teacher, evaluation_mode=True)
+            if accelerator.distributed_type == DistributedType.FSDP
+            else teacher.to(accelerator.device)
+        )
+
+    state = RunState()
+    accelerator.register_for_checkpointing(state)
+    if training.resume and (checkpoint := latest_checkpoint(output_dir)) is not None:
+        accelerator.load_state(str(checkpoint))
+        accelerator.print(f"resumed from {checkpoint} (step {state.step}, {state.tokens:,} tokens)")
+
+    tokens_per_step = (
+        training.batch_size * data_args.block_size * training.gradient_accumulation_steps * accelerator.num_processes
+    )
+    stages = plan_stages(config.stages, tokens_per_step)
+    total_steps = stages[-1].first_step + stages[-1].steps
+    accelerator.init_trackers("recovery", config=_flat(asdict(config)))
+
+    def record_eval() -> dict:
+        ppl = evaluate(model, windows, accelerator, training.eval_batch_size)
+        ratio = {length: ppl[length] / state.source_ppl[length] for length in ppl} if state.source_ppl else {}
+        entry = {"step": state.step, "tokens": state.tokens, "ppl": ppl, "ratio": ratio}
+        state.history.append(entry)
+        logged = {f"eval/ppl_{length}": value for length, value in ppl.items()}
+        logged |= {f"eval/ratio_{length}": value for length, value in ratio.items()}
+        accelerator.log({**logged, "tokens": state.tokens}, step=state.step)
+        accelerator.print(f"step {state.step}: tokens {state.tokens:,} ppl {_fmt(ppl)} ratio {_fmt(ratio)}")
+        return entry
+
+    if not state.history:  # before training: the source and the converted model on the evaluation split
+        if teacher is not None:
+            state.source_ppl = evaluate(teacher, windows, accelerator, training.eval_batch_size)
+            accelerator.log({f"eval/source_ppl_{k}": v for k, v in state.source_ppl.items()}, step=0)
+            accelerator.print(f"source model: ppl {_fmt(state.source_ppl)}")
+        record_eval()
+
+    with StopRequest() as stop:
+        batches = endless_batches(dataloader, state.batches)
+        progress = tqdm(
+            total=total_steps, initial=state.step, disable=not accelerator.is_main_process, desc="training", unit="step"
+        )
+        reached_target, started, start_tokens = False, time.perf_counter(), state.tokens
+        model.train()
+        while state.step < total_steps and not reached_target:
+            current = stage_at(stages, state.step)
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(current, state.step)
+            step_loss = 0.0
+            for _ in range(training.gradient_accumulation_steps):
+                batch = next(batches)
+                name = current.stage.name
+                with accelerator.accumulate(model):
+                    # The alignment hooks stay on through backward, which may recompute activations.
+                    with alignment.aligning() if name == "align" else nullcontext():
+                        if name == "align":
+                            loss = alignment.loss(model, teacher, batch)
+                        elif name == "distill":
+                            loss = distillation_loss(model, teacher, batch, training.distill_temperature)
+                        else:
+                            loss = lm_loss(model, batch)
+                        if all_processes(accelerator, not torch.isfinite(loss).item()):
+                            # Nothing of this step has touched the weights: the checkpoint is the last good state.
+                            path = save_checkpoint(accelerator, state, output_dir, training.keep_checkpoints)
+                            raise RecipeError(
+                                f"non-finite {name} loss at step {state.step + 1}; the last good state is saved in "
+                                f"{path}"
+                            )
+                        accelerator.backward(loss)
+                    if accelerator.sync_gradients and training.max_grad_norm > 0:
+                        accelerator.clip_grad_norm_(trainable_params, training.max_grad_norm)
+                    optimizer.step()
+                    optimizer.zero_grad()
+                step_loss += loss.item() / training.gradient_accumulation_steps
+            state.step += 1
+            state.batches += training.gradient_accumulation_steps
+            state.tokens += tokens_per_step
+            tokens_per_second = (state.tokens - start_tokens) / (time.perf_counter() - started)
+            progress.update()
+            progress.set_postfix(stage=current.stage.name, loss=f"{step_loss:.4g}", tok_s=f"{tokens_per_second:,.0f}")
+            if state.step % training.log_every == 0:
+                accelerator.log(
+                    {
+                        f"train/{current.stage.name}_loss": accelerator.reduce(
+                            torch.tensor(step_loss, device=accelerator.device), "mean"
+                        ).item(),
+                        "train/lr": optimizer.param_groups[0]["lr"],
+                        "train/tokens_per_second": tokens_per_second,
+                        "tokens": state.tokens,
+                    },
+                    step=state.step,
+                )
+            if state.step % training.eval_every == 0 and state.step < total_steps:
+                entry = record_eval()
+                reached_target = _reached(entry, training.target_ratio)
+            if state.step % training.save_every == 0:
+                save_checkpoint(accelerator, state, output_dir, training.keep_checkpoints)
+            if all_processes(accelerator, stop.signal is not None):
+                path = save_checkpoint(accelerator, state, output_dir, training.keep_checkpoints)
+                progress.close()
+                accelerator.end_training()
+                raise Interrupted(
+                    f"stopped by a signal at step {state.step}; checkpoint {path}; resume with resume=true"
+                )
+        progress.close()
+
+    if not state.history or state.history[-1]["step"] != state.step:
+        entry = record_eval()
+        reached_target = _reached(entry, training.target_ratio)
+    if state.step % training.save_every != 0:
+        save_checkpoint(accelerator, state, output_dir, training.keep_checkpoints)
+    recovery = {
+        "source_ppl": state.source_ppl,
+        "history": state.history,
+        "final": state.history[-1],
+        "stopped_at_target": reached_target,
+        "replica_checksums": replica_checksums(model, accelerator),
+    }
+    save_final_model(model, tokenizer, accelerator, output_dir, training.trainable == "lora")
+    accelerator.print(recovery_table(state))
+    if accelerator.is_main_process:
+        (output_dir / "recovery.json").write_text(json.dumps(recovery, indent=2) + "\n")
+        plot_recovery(state, output_dir / "recovery.png", training.target_ratio)
+    accelerator.end_training()
+    return recovery
+
+
+class Interrupted(Exception):
+    """The run was stopped by SIGTERM or Ctrl-C after saving a checkpoint."""
+
+
+def recovery_table(state: RunState) -> str:
+    """Perplexity per evaluation length: the source model, the converted model before and after training."""
+    first, last = state.history[0], state.history[-1]
+    lines = [f"{'length':>8} {'source':>10} {'converted':>10} {'trained':>10} {'ratio':>7}"]
+    for length, ppl in last["ppl"].items():
+        source = state.source_ppl.get(length, math.nan)
+        lines.append(f"{length:>8} {source:>10.4g} {first['ppl'][length]:>10.4g} {ppl:>10.4g} {ppl / source:>7.4f}")
+    return "\n".join(lines + [f"after {last['tokens']:,} training tokens ({last['step']} steps)"])
+
+
+def _reached(entry: dict, target_ratio: float | None) -> bool:
+    return target_ratio is not None and bool(entry["ratio"]) and entry["ratio"]["1x"] <= target_ratio
+
+
+def _fmt(values: dict[str, float]) -> str:
+    return " ".join(f"{key}={value:.4g}" for key, value in values.items())
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """A nested config as flat `a/b` keys with scalar values (what trackers store as hyperparameters)."""
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat |= _flat(value, f"{name}/")
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            flat |= _flat({str(i): item for i, item in enumerate(value)}, f"{name}/")
+        else:
+            flat[name] = value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+    return flat
+
+
+def replica_checksums(model: nn.Module, accelerator: Accelerator) -> list[float] | None:
+    """A checksum of the trainable weights from every process, where every process holds whole weights (no
+    FSDP / ZeRO-3): equal values mean the replicas stayed in sync."""
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        return None
+    params = [param for param in accelerator.unwrap_model(model).parameters() if param.requires_grad]
+    checksum = sum(param.detach().double().abs().sum() + param.detach().double().sum() for param in params)
+    return accelerator.gather(torch.stack([checksum]).to(accelerator.device)).tolist()
+
+
+def save_final_model(model, tokenizer, accelerator: Accelerator, output_dir: Path, lora: bool) -> None:
+    """`final/`: a plain PaTHLlama checkpoint with its tokenizer (LoRA merged; its adapter kept in `adapter/`), saved
+    by the main process from the state dict gathered from every process (FSDP, ZeRO-3)."""
+    state_dict = accelerator.get_state_dict(model)
+    if not accelerator.is_main_process:
+        accelerator.wait_for_everyone()
+        return
+    unwrapped = accelerator.unwrap_model(model)
+    if lora:  # only under engines that keep whole weights on every process (refused otherwise)
+        unwrapped.save_pretrained(output_dir / "adapter")
+        unwrapped = unwrapped.merge_and_unload()
+        state_dict = unwrapped.state_dict()
+    unwrapped.save_pretrained(output_dir / "final", state_dict=state_dict)
+    tokenizer.save_pretrained(output_dir / "final")
+    accelerator.wait_for_everyone()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the recipe from the command line; a refused configuration prints `error: ...` and returns 1."""
+    try:
+        train(parse_config(argv))
+    except RecipeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except Interrupted as stopped:
+        print(stopped, file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

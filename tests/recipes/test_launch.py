@@ -1,0 +1,76 @@
+"""recipes/train.py as a program: two CPU processes under `accelerate launch`, and SIGTERM."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from recipe_runs import ROOT, read_log, recipe_config, write_config
+
+
+def environment() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_processes_finish_with_the_same_weights(tiny_source, tmp_path):
+    out = tmp_path / "run"
+    stages = [
+        {"name": "align", "tokens": 256, "learning_rate": 1e-2},
+        {"name": "lm", "tokens": 256, "learning_rate": 1e-2},
+    ]
+    config = write_config(
+        recipe_config(tiny_source, out, stages=stages, training={"trainable": "attention"}), tmp_path / "recipe.yaml"
+    )
+    accelerate = Path(sys.executable).with_name("accelerate")
+    command = [
+        str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+        "recipes/train.py", "--config", str(config),
+    ]  # fmt: skip
+    env = {**environment(), "ACCELERATE_USE_CPU": "1"}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    recovery = json.loads((out / "recovery.json").read_text())
+    checksums = recovery["replica_checksums"]
+    assert len(checksums) == 2 and checksums[0] == checksums[1]
+    # 2 processes x 4 sequences x 16 tokens = 128 tokens a step: 2 steps per stage.
+    assert recovery["final"] == {**recovery["final"], "step": 4, "tokens": 512}
+    assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tiny_source, tmp_path):
+    out = tmp_path / "run"
+    stages = [{"name": "lm", "tokens": 64 * 10_000, "learning_rate": 1e-3}]
+    config = write_config(recipe_config(tiny_source, out, stages=stages), tmp_path / "recipe.yaml")
+    process = subprocess.Popen(
+        [sys.executable, "recipes/train.py", "--config", str(config)],
+        cwd=ROOT,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    log = out / "logs" / "recovery" / "log.jsonl"
+    deadline = time.monotonic() + 120
+    while not (log.is_file() and any("train/lr" in entry for entry in read_log(out))):
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-3000:]
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+
+    assert process.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr
+    stopped_at = int(stderr.split("stopped by a signal at step ")[1].split(";")[0])
+    assert 1 <= stopped_at < 10_000
+    assert (out / "checkpoints" / f"step-{stopped_at:08d}" / "model.safetensors").is_file()

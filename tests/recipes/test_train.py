@@ -1,0 +1,326 @@
+"""recipes/train.py on the tiny model, on CPU: every stage and trainable set, LoRA merging, exact resume, recovery
+outputs, and every refused configuration."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from checkpoints import make_source
+from datasets import load_dataset
+from peft import PeftModel
+from recipe_runs import DATA, ROOT, read_log, recipe_config, run_recipe, train
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import path_hf  # noqa: F401  (registers path_llama)
+
+
+def weights(directory) -> dict[str, torch.Tensor]:
+    return load_file(directory / "model.safetensors")
+
+
+def changed(before: dict, after: dict) -> set[str]:
+    """The parameter kinds (names without the layer index) that training moved."""
+    return {
+        name.split(".")[-2] if name.endswith(("weight", "bias", "gain")) else name
+        for name in before
+        if not torch.equal(before[name], after[name])
+    }
+
+
+def test_all_stages_train_only_the_path_parameters_and_track_recovery(tiny_source, tmp_path):
+    out = tmp_path / "run"
+    stages = [
+        {"name": "align", "tokens": 128, "learning_rate": 1e-2},
+        {"name": "distill", "tokens": 128, "learning_rate": 1e-2},
+        {"name": "lm", "tokens": 128, "learning_rate": 1e-2},
+    ]
+    config = recipe_config(tiny_source, out, stages=stages, training={"eval_every": 2, "trainable": "path"})
+    assert run_recipe(config, tmp_path) == 0
+
+    log = read_log(out)
+    losses = {key: entry[key] for entry in log for key in entry if key.startswith("train/")}
+    assert {"train/align_loss", "train/distill_loss", "train/lm_loss"} <= set(losses)
+    steps = [entry["step"] for entry in log if "train/lr" in entry]
+    assert steps == list(range(1, 7))  # 128 tokens / 64 per step = 2 steps per stage
+    assert changed(weights(out / "converted"), weights(out / "final")) == {"w_proj", "w_conv1d", "bt_proj"}
+
+    recovery = json.loads((out / "recovery.json").read_text())
+    assert set(recovery["source_ppl"]) == {"1x", "2x"}
+    assert [entry["step"] for entry in recovery["history"]] == [0, 2, 4, 6]
+    assert [entry["tokens"] for entry in recovery["history"]] == [0, 128, 256, 384]
+    final = recovery["final"]
+    assert final["ratio"]["2x"] == pytest.approx(final["ppl"]["2x"] / recovery["source_ppl"]["2x"])
+    assert (out / "recovery.png").stat().st_size > 0
+    assert any("eval/ratio_1x" in entry for entry in log)
+    # The final model is a plain PaTHLlama checkpoint.
+    assert type(AutoModelForCausalLM.from_pretrained(out / "final")).__name__ == "PaTHLlamaForCausalLM"
+
+
+@pytest.mark.parametrize(
+    "trainable, stage, moved",
+    [
+        ("attention", "distill", {"w_proj", "w_conv1d", "bt_proj", "q_proj", "k_proj", "v_proj", "o_proj"}),
+        (
+            "full",
+            "lm",
+            {
+                "w_proj",
+                "w_conv1d",
+                "bt_proj",
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+                "input_layernorm",
+                "post_attention_layernorm",
+                "embed_tokens",
+                "norm",
+                "lm_head",
+            },
+        ),
+    ],
+)
+def test_trainable_sets(tiny_source, tmp_path, trainable, stage, moved):
+    out = tmp_path / "run"
+    stages = [{"name": stage, "tokens": 64, "learning_rate": 1e-2}]
+    training = {"trainable": trainable, "gradient_accumulation_steps": 2, "batch_size": 2}
+    config = recipe_config(tiny_source, out, stages=stages, training=training)
+    assert run_recipe(config, tmp_path) == 0
+    assert changed(weights(out / "converted"), weights(out / "final")) == moved
+
+
+def test_lora_is_merged_into_a_plain_checkpoint_equal_to_the_peft_model(tiny_source, tmp_path):
+    out = tmp_path / "run"
+    stages = [
+        {"name": "align", "tokens": 64, "learning_rate": 1e-2},
+        {"name": "lm", "tokens": 64, "learning_rate": 1e-2},
+    ]
+    config = recipe_config(tiny_source, out, stages=stages, training={"trainable": "lora", "lora_r": 4})
+    assert run_recipe(config, tmp_path) == 0
+
+    merged = AutoModelForCausalLM.from_pretrained(out / "final").eval()
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    base = AutoModelForCausalLM.from_pretrained(out / "converted")
+    peft_model = PeftModel.from_pretrained(base, out / "adapter").eval()
+    input_ids = torch.randint(3, 200, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = peft_model(input_ids=input_ids).logits
+        actual = merged(input_ids=input_ids).logits
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    moved = changed(weights(out / "converted"), weights(out / "final"))
+    assert {"q_proj", "w_proj", "bt_proj"} <= moved and "gate_proj" not in moved
+
+
+def test_resume_continues_exactly(tiny_source, tmp_path):
+    uninterrupted, resumed = tmp_path / "a", tmp_path / "b"
+    stages = [
+        {"name": "distill", "tokens": 128, "learning_rate": 1e-2},
+        {"name": "lm", "tokens": 128, "learning_rate": 1e-2},
+    ]
+    training = {"save_every": 2, "keep_checkpoints": 3, "trainable": "attention"}
+    config = recipe_config(tiny_source, uninterrupted, stages=stages, training=training)
+    assert run_recipe(config, tmp_path) == 0
+
+    # As if the run had been stopped after step 2: only that checkpoint and the log up to it.
+    resumed.mkdir()
+    shutil.copytree(uninterrupted / "converted", resumed / "converted")
+    shutil.copytree(uninterrupted / "checkpoints" / "step-00000002", resumed / "checkpoints" / "step-00000002")
+    config = recipe_config(tiny_source, resumed, stages=stages, training={**training, "resume": True})
+    assert run_recipe(config, tmp_path) == 0
+
+    def losses(out):
+        return {
+            e["step"]: e.get("train/distill_loss", e.get("train/lm_loss")) for e in read_log(out) if "train/lr" in e
+        }
+
+    first, second = losses(uninterrupted), losses(resumed)
+    assert sorted(second) == [3, 4]
+    assert second == {step: first[step] for step in (3, 4)}
+    for name, tensor in weights(uninterrupted / "final").items():
+        assert torch.equal(tensor, weights(resumed / "final")[name]), name
+
+
+def test_target_ratio_stops_early(tiny_source, tmp_path):
+    out = tmp_path / "run"
+    config = recipe_config(tiny_source, out, training={"eval_every": 1, "target_ratio": 100.0})
+    assert run_recipe(config, tmp_path) == 0
+    recovery = json.loads((out / "recovery.json").read_text())
+    assert recovery["stopped_at_target"] and recovery["final"]["step"] == 1
+
+
+def test_non_finite_loss_stops_with_the_step_and_the_last_good_state(tiny_source, tmp_path, capsys):
+    out = tmp_path / "run"
+    # A learning rate of 1e30 makes the weights huge after the first step, the second loss is not finite.
+    config = recipe_config(tiny_source, out, stages=[{"name": "lm", "tokens": 640, "learning_rate": 1e30}])
+    assert run_recipe(config, tmp_path, "training.trainable=full", "stages.0.warmup_ratio=0") == 1
+    error = capsys.readouterr().err
+    assert "non-finite lm loss at step 2" in error
+    checkpoint = out / "checkpoints" / "step-00000001"
+    assert str(checkpoint) in error
+    saved = load_file(checkpoint / "model.safetensors")
+    assert all(torch.isfinite(tensor).all() for tensor in saved.values())
+
+
+def test_packed_blocks_restart_positions_at_each_document():
+    class Tokenizer:
+        eos_token_id = 0
+
+        def __call__(self, texts, add_special_tokens=True):
+            return {"input_ids": [[int(word) for word in text.split()] for text in texts]}
+
+    blocks = train.pack_documents(["5 6 7", "8 9", "1 2 3 4 5 6"], Tokenizer(), block_size=4)
+    assert blocks["input_ids"] == [[5, 6, 7, 0], [8, 9, 0, 1], [2, 3, 4, 5]]
+    assert blocks["position_ids"] == [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1, 2, 3]]
+    assert blocks["labels"] == [[-100, 6, 7, 0], [-100, 9, 0, -100], [-100, 3, 4, 5]]
+
+
+@pytest.mark.parametrize("rope, exact", [("keep", True), ("drop", False)])
+def test_alignment_loss_is_zero_for_an_exact_conversion(tmp_path, rope, exact):
+    """With RoPE kept and identity transforms a PaTH layer computes the source layer: the stage-1 loss is 0, which
+    it can only be if every PaTH attention ran on its own source layer's input and was compared to its output."""
+    from conversion.convert import convert
+    from conversion.options import ConvertOptions
+
+    # Weights large enough that the attention outputs are of order 1.
+    source = make_source(tmp_path / "source", "llama", initializer_range=0.3)
+    convert(ConvertOptions(source=str(source), output=str(tmp_path / "path"), rope=rope, init="identity"))
+    student = AutoModelForCausalLM.from_pretrained(tmp_path / "path")
+    teacher = AutoModelForCausalLM.from_pretrained(source).eval()
+    alignment = train.AttentionAlignment(student, teacher)
+    input_ids = torch.randint(3, 200, (2, 16), generator=torch.Generator().manual_seed(0))
+    position_ids = torch.tensor([list(range(10)) + list(range(6))] * 2)  # two documents per row
+    with alignment.aligning():
+        loss = alignment.loss(student, teacher, {"input_ids": input_ids, "position_ids": position_ids})
+        loss.backward()
+    assert (loss.item() < 1e-10) if exact else (loss.item() > 1e-3)
+    assert student.model.layers[2].self_attn.bt_proj.gain.grad is not None
+
+
+def test_streamed_data_trains_and_resumes_at_the_same_position(tiny_source, tmp_path):
+    uninterrupted, resumed = tmp_path / "a", tmp_path / "b"
+    data = {"streaming": True}
+    training = {"save_every": 1, "keep_checkpoints": 3}
+    config = recipe_config(tiny_source, uninterrupted, data=data, training=training)
+    assert run_recipe(config, tmp_path) == 0
+    resumed.mkdir()
+    shutil.copytree(uninterrupted / "converted", resumed / "converted")
+    shutil.copytree(uninterrupted / "checkpoints" / "step-00000001", resumed / "checkpoints" / "step-00000001")
+    config = recipe_config(tiny_source, resumed, data=data, training={**training, "resume": True})
+    assert run_recipe(config, tmp_path) == 0
+    for name, tensor in weights(uninterrupted / "final").items():
+        assert torch.equal(tensor, weights(resumed / "final")[name]), name
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes" / "configs").glob("*.yaml")), ids=lambda path: path.name)
+def test_shipped_configs_parse_and_start_with_their_launch_line(path):
+    first_line = path.read_text().splitlines()[0]
+    assert first_line.startswith("# accelerate launch ") and f"--config recipes/configs/{path.name}" in first_line
+    config = train.parse_config(["--config", str(path)])
+    assert config.stages and config.training.output_dir
+
+
+def test_a_converted_checkpoint_finds_its_teacher_in_the_conversion_record(tiny_source, tmp_path):
+    from conversion.convert import convert
+    from conversion.options import ConvertOptions
+
+    convert(ConvertOptions(source=str(tiny_source), output=str(tmp_path / "path"), rope="keep", init="identity"))
+    out = tmp_path / "run"
+    config = recipe_config(tiny_source, out, model={"path": str(tmp_path / "path"), "convert": {}})
+    assert run_recipe(config, tmp_path) == 0
+    recovery = json.loads((out / "recovery.json").read_text())
+    assert not (out / "converted").exists()
+    # RoPE kept, transforms at identity: the converted model starts exactly at the source's perplexity.
+    assert recovery["history"][0]["ratio"] == pytest.approx({"1x": 1.0, "2x": 1.0}, abs=1e-5)
+
+
+def test_packed_blocks_keep_documents_apart_in_both_models(tiny_source, tmp_path):
+    """The recipe's blocks give every document the logits it gets alone, in the RoPE teacher and the PaTH model."""
+    from conversion.convert import convert
+    from conversion.options import ConvertOptions
+
+    convert(ConvertOptions(source=str(tiny_source), output=str(tmp_path / "path"), rope="drop"))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_source)
+    texts = ["The keeper climbed the tower .", "In spring the birds returned before the boats did ."]
+    block = train.pack_documents(texts, tokenizer, block_size=12)
+    input_ids, position_ids = torch.tensor(block["input_ids"][:1]), torch.tensor(block["position_ids"][:1])
+    first = position_ids[0].tolist().index(0, 1)
+    for model in (
+        AutoModelForCausalLM.from_pretrained(tiny_source),
+        AutoModelForCausalLM.from_pretrained(tmp_path / "path"),
+    ):
+        with torch.no_grad():
+            packed = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[0]
+            alone = [model(input_ids=ids[None]).logits[0] for ids in (input_ids[0, :first], input_ids[0, first:])]
+        torch.testing.assert_close(packed, torch.cat(alone), atol=1e-5, rtol=1e-5)
+
+
+def test_each_stage_has_its_own_warmup_and_cosine_schedule():
+    stages = [
+        train.Stage("align", tokens=10 * 64, learning_rate=1e-2, warmup_ratio=0.2, min_lr_ratio=0.1),
+        train.Stage("lm", tokens=3 * 64 + 1, learning_rate=1e-4, warmup_ratio=0.0, min_lr_ratio=0.0),
+    ]
+    plans = train.plan_stages(stages, tokens_per_step=64)
+    assert [(plan.first_step, plan.steps) for plan in plans] == [(0, 10), (10, 4)]
+    rates = [train.learning_rate(train.stage_at(plans, step), step) for step in range(14)]
+    assert rates[0] < rates[1] < rates[2] == pytest.approx(1e-2)  # 2 warmup steps, then the peak
+    assert all(a > b for a, b in zip(rates[2:10], rates[3:10], strict=False))
+    assert rates[9] > 1e-3  # decays towards 0.1 x peak
+    assert rates[10] == pytest.approx(1e-4) and rates[13] < 1e-4
+
+
+@pytest.mark.parametrize("kind", ["txt", "parquet", "dataset-directory"])
+def test_data_formats(tiny_source, tmp_path, kind):
+    texts = load_dataset("json", data_files=str(DATA), split="train")
+    if kind == "txt":  # documents separated by blank lines
+        data = {"train_files": [str(tmp_path / "docs.txt")]}
+        (tmp_path / "docs.txt").write_text("\n\n".join(texts["text"]) + "\n")
+    elif kind == "parquet":
+        data = {"train_files": [str(tmp_path / "docs.parquet")]}
+        texts.to_parquet(tmp_path / "docs.parquet")
+    else:  # what `dataset` loads from the hub, here a local directory of data files
+        data = {"train_files": [], "dataset": str(DATA.parent)}
+    out = tmp_path / "run"
+    assert run_recipe(recipe_config(tiny_source, out, data=data), tmp_path) == 0
+    assert json.loads((out / "recovery.json").read_text())["final"]["tokens"] == 128
+
+
+def test_lora_all_linear_never_wraps_the_path_projections(tiny_source, tmp_path):
+    from conversion.convert import convert
+    from conversion.options import ConvertOptions
+
+    options = ConvertOptions(source=str(tiny_source), output=str(tmp_path / "path"), forget_gate=True)
+    convert(options)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "path")
+    training = train.TrainingArguments(output_dir=str(tmp_path), trainable="lora", lora_target_modules="all-linear")
+    peft_model = train.select_trainable(model, training)
+    wrapped = {name.split(".")[-1] for name, module in peft_model.named_modules() if hasattr(module, "lora_A")}
+    assert wrapped == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    trained_fully = {
+        n.split(".modules_to_save.")[0].split(".")[-1]
+        for n, _ in peft_model.named_parameters()
+        if ".modules_to_save." in n
+    }
+    assert trained_fully == {"w_proj", "w_conv1d", "bt_proj", "g_proj"}
+    with pytest.raises(train.RecipeError, match="lora_target_modules"):
+        train.select_trainable(
+            model, train.TrainingArguments(output_dir=".", trainable="lora", lora_target_modules=["bt_proj"])
+        )
+
+
+def test_activation_checkpointing_changes_nothing_in_the_alignment_stage(tiny_source, tmp_path):
+    """Recomputed PaTH attentions must again read the teacher's inputs (the hooks stay on through backward)."""
+    finals = []
+    for checkpointing in (False, True):
+        out = tmp_path / f"run-{checkpointing}"
+        stages = [{"name": "align", "tokens": 128, "learning_rate": 1e-2}]
+        training = {"trainable": "attention", "activation_checkpointing": checkpointing}
+        assert run_recipe(recipe_config(tiny_source, out, stages=stages, training=training), tmp_path) == 0
+        finals.append(weights(out / "final"))
+    assert changed(weights(tmp_path / "run-False" / "converted"), finals[0])
+    for name, tensor in finals[0].items():
+        torch.testing.assert_close(finals[1][name], tensor, atol=1e-6, rtol=1e-5, msg=name)
