@@ -190,15 +190,24 @@ def _in_path_module(name: str) -> bool:
 # Data: documents -> tokens -> fixed-length blocks, documents never attending to each other
 
 
+_COMPRESSED = (".gz", ".xz", ".bz2", ".zst")
+
+
 def _data_files(files: list[str], field_name: str) -> tuple[str, dict]:
     """The `datasets` builder and its arguments for local files, all of one kind."""
     missing = [file for file in files if not Path(file).is_file()]
     if missing:
         raise RecipeError(f"{field_name}: no such file(s): {', '.join(missing)}")
-    suffixes = {Path(file).suffix for file in files}
+    # `datasets` decompresses .gz / .xz / .bz2 / .zst itself: the kind is the suffix before the compression's.
+    suffixes = {
+        Path(Path(file).stem).suffix if Path(file).suffix in _COMPRESSED else Path(file).suffix for file in files
+    }
     builders = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
     if len(suffixes) != 1 or next(iter(suffixes)) not in builders:
-        raise RecipeError(f"{field_name}: files must all be .txt, .jsonl/.json or .parquet, got {sorted(suffixes)}")
+        raise RecipeError(
+            f"{field_name}: files must all be .txt, .jsonl/.json or .parquet (optionally compressed with "
+            f"{', '.join(_COMPRESSED)}), got {sorted(suffixes)}"
+        )
     builder = builders[suffixes.pop()]
     kwargs = {"sample_by": "paragraph"} if builder == "text" else {}  # a .txt document ends at a blank line
     return builder, {"data_files": files, **kwargs}

@@ -2,6 +2,7 @@
 outputs, and every refused configuration."""
 
 import json
+import lzma
 import shutil
 
 import pytest
@@ -273,7 +274,7 @@ def test_each_stage_has_its_own_warmup_and_cosine_schedule():
     assert rates[10] == pytest.approx(1e-4) and rates[13] < 1e-4
 
 
-@pytest.mark.parametrize("kind", ["txt", "parquet", "dataset-directory"])
+@pytest.mark.parametrize("kind", ["txt", "parquet", "jsonl.xz", "dataset-directory"])
 def test_data_formats(tiny_source, tmp_path, kind):
     texts = load_dataset("json", data_files=str(DATA), split="train")
     if kind == "txt":  # documents separated by blank lines
@@ -282,6 +283,10 @@ def test_data_formats(tiny_source, tmp_path, kind):
     elif kind == "parquet":
         data = {"train_files": [str(tmp_path / "docs.parquet")]}
         texts.to_parquet(tmp_path / "docs.parquet")
+    elif kind == "jsonl.xz":  # how the embedded default model's data ships
+        data = {"train_files": [str(tmp_path / "docs.jsonl.xz")]}
+        with lzma.open(tmp_path / "docs.jsonl.xz", "wt") as file:
+            file.writelines(json.dumps({"text": text}) + "\n" for text in texts["text"])
     else:  # what `dataset` loads from the hub, here a local directory of data files
         data = {"train_files": [], "dataset": str(DATA.parent)}
     out = tmp_path / "run"
