@@ -9,7 +9,9 @@ import traceback
 from collections.abc import Sequence
 
 from .convert import convert
-from .errors import ConversionError
+from .errors import CommandError
+from .evaluate import add_eval_arguments, run_eval
+from .evaluate import options_from_args as eval_options_from_args
 from .options import ConvertOptions, add_options_to_parser, options_from_args
 
 
@@ -23,6 +25,14 @@ def build_parser() -> argparse.ArgumentParser:
         "loads with from_pretrained, streaming it shard by shard. The output appears atomically at DST.",
     )
     add_options_to_parser(convert_parser, ConvertOptions)
+    eval_parser = commands.add_parser(
+        "eval",
+        help="perplexity and passkey retrieval at several context lengths, for one or more causal LMs",
+        description="Evaluate causal LMs (Llama, Qwen, PaTHLlama, ...; optionally with YaRN / dynamic NTK RoPE "
+        "scaling) at several context lengths: perplexity on held-out text and passkey retrieval. Prints a table; "
+        "writes JSON and a plot on request.",
+    )
+    add_eval_arguments(eval_parser)
     return parser
 
 
@@ -36,6 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "convert":
             convert(options_from_args(args, ConvertOptions))
+        elif args.command == "eval":
+            run_eval(eval_options_from_args(args))
     except KeyboardInterrupt:
         print("interrupted; nothing was written", file=sys.stderr)
         return 130
@@ -44,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         lines = str(error).strip().splitlines()
         message = lines[0] if lines else ""
-        if not isinstance(error, ConversionError):
+        if not isinstance(error, CommandError):
             message = f"{type(error).__name__}: {message}" + (
                 "" if debug else " (rerun with --debug for the traceback)"
             )

@@ -1,8 +1,12 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
-"""The one exception type of the converter."""
+"""The exceptions of `path-hf`: a refusal or failure whose message says what to do; the CLI prints it on one line."""
 
 
-class ConversionError(Exception):
+class CommandError(Exception):
+    """A `path-hf` command was refused or failed; printed as `error: <message>`, exit code 1."""
+
+
+class ConversionError(CommandError):
     """A conversion was refused or failed; the message says why and what to do about it.
 
     The CLI prints it as one line (`error: <message>`) and exits with a nonzero code; nothing is left at the
@@ -10,4 +14,8 @@ class ConversionError(Exception):
     """
 
 
-__all__ = ["ConversionError"]
+class EvaluationError(CommandError):
+    """`path-hf eval` was refused or failed; nothing was written."""
+
+
+__all__ = ["CommandError", "ConversionError", "EvaluationError"]

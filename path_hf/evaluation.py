@@ -1,24 +1,36 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
-"""Perplexity of any causal language model over fixed-length windows of token ids.
+"""Length-extrapolation evaluation of any causal language model: perplexity over fixed-length windows, passkey
+retrieval, and RoPE scaling (YaRN, dynamic NTK) applied to a loaded model.
 
-One implementation for the recipes' recovery tracking, `path-hf eval` and the demo: the text is cut into windows of
-`context_length` tokens (non-overlapping, or sliding by `stride` with each token scored once, with as much context
-as the window holds), the model scores every token of a window but the first from the tokens before it in the same
-window, and the negative log-likelihoods are summed in float32.
+One implementation for the recipes' recovery tracking, `path-hf eval` and the demo.
+
+- Perplexity: the text is cut into windows of `context_length` tokens (non-overlapping, or sliding by `stride` with
+  each token scored once, with as much context as the window holds); the model scores every token of a window but the
+  first from the tokens before it in the same window, and the negative log-likelihoods are summed in float32, also
+  per position in the window (`PerplexityResult.ppl_between`).
+- Passkey retrieval: a five-digit key hidden at a random depth in filler text of about `context_length` tokens; a
+  trial counts when greedy decoding after "The pass key is" would write every token of the key.
+- `rope_scaling(model, "yarn", factor=4)`: swaps the model's rotary embedding for one built with transformers' own
+  `rope_parameters` of that type, for the duration of a `with` block.
 
 ```python
-from path_hf.evaluation import perplexity
+from path_hf.evaluation import passkey_accuracy, perplexity, read_texts, tokenize_stream
 
-result = perplexity(model, token_ids, context_length=2048)  # one long stream, or a list of documents
-print(result.ppl, result.tokens)
+stream = tokenize_stream(read_texts(["eval.jsonl"]), tokenizer, max_tokens=65536)
+result = perplexity(model, stream, context_length=2048)  # one long stream, or a list of documents
+print(result.ppl, result.tokens, passkey_accuracy(model, tokenizer, context_length=2048))
 ```
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+import random
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -43,10 +55,17 @@ class Window:
 
 @dataclass(frozen=True)
 class PerplexityResult:
-    """Summed negative log-likelihood (nats) and the number of tokens it is over; `ppl = exp(nll_sum / tokens)`."""
+    """Summed negative log-likelihood (nats) and the number of tokens it is over; `ppl = exp(nll_sum / tokens)`.
+
+    `position_nll` / `position_tokens` hold the same sums per position in the window (index p: the token at position p
+    of its window), so that `ppl_between(start, end)` gives the perplexity of the tokens read with `start` to `end - 1`
+    tokens before them in the window, e.g. those beyond a model's training length.
+    """
 
     nll_sum: float
     tokens: int
+    position_nll: tuple[float, ...] = field(default=(), repr=False)
+    position_tokens: tuple[int, ...] = field(default=(), repr=False)
 
     @property
     def nll(self) -> float:
@@ -57,8 +76,22 @@ class PerplexityResult:
     def ppl(self) -> float:
         return math.exp(self.nll)
 
+    def ppl_between(self, start: int, end: int | None = None) -> float:
+        """Perplexity of the tokens at positions `[start, end)` of their windows (`nan` if there are none)."""
+        nll, tokens = sum(self.position_nll[start:end]), sum(self.position_tokens[start:end])
+        return math.exp(nll / tokens) if tokens else math.nan
+
     def __add__(self, other: PerplexityResult) -> PerplexityResult:
-        return PerplexityResult(self.nll_sum + other.nll_sum, self.tokens + other.tokens)
+        def add(a: tuple, b: tuple) -> tuple:
+            longer, shorter = (a, b) if len(a) >= len(b) else (b, a)
+            return tuple(x + (shorter[i] if i < len(shorter) else 0) for i, x in enumerate(longer))
+
+        return PerplexityResult(
+            self.nll_sum + other.nll_sum,
+            self.tokens + other.tokens,
+            add(self.position_nll, other.position_nll),
+            add(self.position_tokens, other.position_tokens),
+        )
 
 
 def _documents(token_ids) -> list[torch.Tensor]:
@@ -118,37 +151,62 @@ def _batches(windows: Sequence[Window], batch_size: int) -> Iterable[tuple[torch
         yield input_ids, attention_mask, labels
 
 
+def _progress(iterable, total: int, desc: str, enabled: bool):
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, leave=False, disable=None)  # None: only on a terminal
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[torch.device]:
+    """`model` in eval mode for the block (restored after); yields the device of its parameters."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield next(model.parameters()).device
+    finally:
+        model.train(was_training)
+
+
+def _forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, device) -> torch.Tensor:
+    """Logits of a right-padded batch; full batches of equal length get no mask."""
+    mask = None if bool(attention_mask.all()) else attention_mask.to(device)
+    return model(input_ids=input_ids.to(device), attention_mask=mask, use_cache=False).logits
+
+
 @torch.no_grad()
 def score_windows(
     model: nn.Module, windows: Sequence[Window], batch_size: int = 8, progress: bool = False
 ) -> PerplexityResult:
     """Summed negative log-likelihood of the scored tokens of `windows` under `model` (any causal LM whose forward
-    takes `input_ids`, `attention_mask` and returns `.logits`), in batches of `batch_size` windows.
+    takes `input_ids`, `attention_mask` and returns `.logits`), in batches of `batch_size` windows, in total and per
+    position in the window.
 
     The model is put in eval mode for the call and restored after. Windows of different lengths in one batch are
     right-padded (with an attention mask); full batches of equal length get no mask.
     """
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    nll_sum, tokens = 0.0, 0
-    batches = _batches(windows, batch_size)
-    if progress:
-        from tqdm.auto import tqdm
-
-        batches = tqdm(batches, total=math.ceil(len(windows) / batch_size), desc="perplexity", leave=False)
-    try:
+    longest = max((len(window.input_ids) for window in windows), default=1)
+    position_nll = torch.zeros(longest, dtype=torch.float64)
+    position_tokens = torch.zeros(longest, dtype=torch.long)
+    batches = _progress(_batches(windows, batch_size), math.ceil(len(windows) / batch_size), "perplexity", progress)
+    with _eval_mode(model) as device:
         for input_ids, attention_mask, labels in batches:
-            mask = None if bool(attention_mask.all()) else attention_mask.to(device)
-            logits = model(input_ids=input_ids.to(device), attention_mask=mask, use_cache=False).logits
+            logits = _forward(model, input_ids, attention_mask, device)
             targets = labels[:, 1:].to(device)
-            nll_sum += F.cross_entropy(
-                logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-            ).item()
-            tokens += int((targets != IGNORE_INDEX).sum())
-    finally:
-        model.train(was_training)
-    return PerplexityResult(nll_sum, tokens)
+            nll = F.cross_entropy(
+                logits[:, :-1].transpose(1, 2).float(), targets, ignore_index=IGNORE_INDEX, reduction="none"
+            )  # [B, T-1]: the token at position t+1 of its window
+            width = nll.shape[1]
+            position_nll[1 : width + 1] += nll.sum(0).double().cpu()
+            position_tokens[1 : width + 1] += (targets != IGNORE_INDEX).sum(0).cpu()
+    return PerplexityResult(
+        position_nll.sum().item(),
+        int(position_tokens.sum()),
+        tuple(position_nll.tolist()),
+        tuple(position_tokens.tolist()),
+    )
 
 
 def perplexity(
@@ -176,4 +234,249 @@ def perplexity(
     return score_windows(model, make_windows(token_ids, context_length, stride), batch_size, progress)
 
 
-__all__ = ["IGNORE_INDEX", "PerplexityResult", "Window", "make_windows", "perplexity", "score_windows"]
+# Text: files -> documents -> one token stream
+
+
+COMPRESSED_SUFFIXES = (".gz", ".xz", ".bz2", ".zst")
+_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def data_files(files: Sequence[str | Path]) -> tuple[str, dict]:
+    """The `datasets` builder and its keyword arguments that read local `files`, all of one kind: `.txt` (a document
+    ends at a blank line), `.jsonl` / `.json` or `.parquet`, each optionally compressed (`.gz`, `.xz`, `.bz2`, `.zst`,
+    which `datasets` decompresses itself). Raises `FileNotFoundError` / `ValueError` naming the files at fault."""
+    files = [str(file) for file in files]
+    if not files:
+        raise ValueError("no data files given")
+    missing = [file for file in files if not Path(file).is_file()]
+    if missing:
+        raise FileNotFoundError(f"no such file(s): {', '.join(missing)}")
+    suffixes = {
+        Path(Path(file).stem).suffix if Path(file).suffix in COMPRESSED_SUFFIXES else Path(file).suffix
+        for file in files
+    }
+    if len(suffixes) != 1 or next(iter(suffixes)) not in _BUILDERS:
+        raise ValueError(
+            f"data files must all be .txt, .jsonl/.json or .parquet (optionally compressed with "
+            f"{', '.join(COMPRESSED_SUFFIXES)}), got {sorted(suffixes)}"
+        )
+    builder = _BUILDERS[suffixes.pop()]
+    kwargs = {"sample_by": "paragraph"} if builder == "text" else {}
+    return builder, {"data_files": files, **kwargs}
+
+
+def read_texts(files: Sequence[str | Path], text_field: str = "text") -> list[str]:
+    """The non-empty documents of local `files` (see `data_files`), in order; `text_field` names the column of
+    JSON / parquet records."""
+    from datasets import load_dataset
+
+    builder, kwargs = data_files(files)
+    dataset = load_dataset(builder, split="train", **kwargs)
+    if text_field not in dataset.column_names:
+        raise ValueError(f"the data has no column {text_field!r} (columns: {dataset.column_names}): set text_field")
+    return [text for text in dataset[text_field] if text and text.strip()]
+
+
+def tokenize_stream(texts: Iterable[str], tokenizer, max_tokens: int | None = None) -> list[int]:
+    """`texts` tokenised as one stream, each document with the tokenizer's special tokens and followed by EOS, cut to
+    at most `max_tokens` tokens."""
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    stream: list[int] = []
+    for text in texts:
+        stream += tokenizer(text, add_special_tokens=True)["input_ids"] + eos
+        if max_tokens is not None and len(stream) >= max_tokens:
+            break
+    return stream if max_tokens is None else stream[:max_tokens]
+
+
+# Passkey retrieval
+
+
+PASSKEY_INTRO = (
+    "There is an important piece of information hidden inside a lot of irrelevant text. Find it and memorize it. "
+    "I will quiz you about it.\n"
+)
+PASSKEY_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+PASSKEY_NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
+PASSKEY_QUESTION = "\nWhat is the pass key? The pass key is"
+
+
+def passkey_windows(tokenizer, context_length: int, trials: int = 20, seed: int = 0) -> list[Window]:
+    """`trials` passkey prompts of at most `context_length` tokens, each a `Window` whose labels are the key's tokens
+    (the answer after "The pass key is") and `IGNORE_INDEX` elsewhere.
+
+    Each prompt is the intro, filler sentences with the needle (a random five-digit key, stated twice) at a uniformly
+    random depth, and the question; the pieces are tokenised apart and joined as ids, so no token crosses a piece.
+    Trial i draws its key and depth from `random.Random(seed + i)`: the same prompts for every model with the same
+    tokenizer.
+    """
+
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    prefix = tokenizer("", add_special_tokens=True)["input_ids"]  # BOS, for tokenizers that add one
+    intro, filler, question = ids(PASSKEY_INTRO), ids(PASSKEY_FILLER), ids(PASSKEY_QUESTION)
+    windows = []
+    for trial in range(trials):
+        rng = random.Random(seed + trial)
+        key = str(rng.randint(10_000, 99_999))
+        needle, answer = ids(PASSKEY_NEEDLE.format(key=key)), ids(" " + key)
+        room = context_length - len(prefix) - len(intro) - len(needle) - len(question) - len(answer)
+        repeats = room // len(filler)
+        if repeats < 1:
+            raise ValueError(
+                f"context_length {context_length} is too short for a passkey prompt: it needs at least "
+                f"{context_length - room + len(filler)} tokens with this tokenizer"
+            )
+        before = rng.randint(0, repeats)
+        prompt = prefix + intro + filler * before + needle + filler * (repeats - before) + question
+        input_ids = torch.tensor(prompt + answer, dtype=torch.long)
+        labels = torch.full_like(input_ids, IGNORE_INDEX)
+        labels[len(prompt) :] = input_ids[len(prompt) :]
+        windows.append(Window(input_ids, labels))
+    return windows
+
+
+@torch.no_grad()
+def answer_accuracy(
+    model: nn.Module, windows: Sequence[Window], batch_size: int = 8, progress: bool = False
+) -> list[bool]:
+    """For each window: does greedy decoding from the tokens before its first label write every labelled token?
+
+    Teacher forcing gives the same verdict in one forward pass: greedy decoding writes the answer exactly when, at
+    each answer position, the most likely next token is the answer's (the labels must be one contiguous run at the
+    end of the window, as `passkey_windows` makes them).
+    """
+    correct: list[bool] = []
+    batches = _progress(_batches(windows, batch_size), math.ceil(len(windows) / batch_size), "passkey", progress)
+    with _eval_mode(model) as device:
+        for input_ids, attention_mask, labels in batches:
+            predicted = _forward(model, input_ids, attention_mask, device)[:, :-1].argmax(-1).cpu()
+            targets = labels[:, 1:]
+            scored = targets != IGNORE_INDEX
+            correct += ((predicted == targets) | ~scored).all(1).tolist()
+    return correct
+
+
+def passkey_accuracy(
+    model: nn.Module,
+    tokenizer,
+    context_length: int,
+    trials: int = 20,
+    seed: int = 0,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> float:
+    """Fraction of `trials` passkey prompts of about `context_length` tokens whose key `model` retrieves (see
+    `passkey_windows` and `answer_accuracy`)."""
+    correct = answer_accuracy(model, passkey_windows(tokenizer, context_length, trials, seed), batch_size, progress)
+    return sum(correct) / len(correct)
+
+
+# RoPE scaling of a loaded model
+
+
+ROPE_SCALING_TYPES = ("linear", "dynamic", "yarn")
+
+
+def rope_parameters_for(config, rope_type: str, factor: float, original_length: int | None = None) -> dict:
+    """transformers' `rope_parameters` of `rope_type` ("linear", "dynamic" or "yarn") with `factor`, on the model's
+    own `rope_theta`; `original_length` (the training context) defaults to the model's `max_position_embeddings`.
+
+    Dynamic NTK rescales the base only for sequences longer than `max_position_embeddings`, so that must be the
+    training context; YaRN and linear interpolation apply `factor` at every length."""
+    if rope_type not in ROPE_SCALING_TYPES:
+        raise ValueError(f"unknown RoPE scaling {rope_type!r}: use one of {', '.join(ROPE_SCALING_TYPES)}")
+    if factor < 1:
+        raise ValueError(f"the RoPE scaling factor must be at least 1, got {factor}")
+    current = getattr(config, "rope_parameters", None) or {}
+    if "rope_theta" not in current:
+        raise ValueError(f"{type(config).__name__} has no rope_parameters with a rope_theta: the model uses no RoPE")
+    original_length = original_length or config.max_position_embeddings
+    parameters = {"rope_type": rope_type, "rope_theta": current["rope_theta"], "factor": float(factor)}
+    if rope_type == "yarn":
+        parameters["original_max_position_embeddings"] = original_length
+    if "partial_rotary_factor" in current:
+        parameters["partial_rotary_factor"] = current["partial_rotary_factor"]
+    return parameters
+
+
+@contextlib.contextmanager
+def rope_scaling(
+    model: nn.Module, rope_type: str, factor: float, original_length: int | None = None
+) -> Iterator[nn.Module]:
+    """Within the block, `model`'s rotary embeddings (every submodule named `rotary_emb`) are replaced by ones of the
+    same class built from a copy of its config with `rope_parameters_for(...)`, i.e. transformers' own YaRN / dynamic
+    NTK / linear implementation; the originals come back after. Raises `ValueError` for a model without RoPE."""
+    config = copy.deepcopy(model.config)
+    config.rope_parameters = rope_parameters_for(config, rope_type, factor, original_length)
+    if rope_type == "dynamic":
+        config.max_position_embeddings = original_length or config.max_position_embeddings
+    swapped = []
+    for name, module in list(model.named_modules()):
+        if name.rsplit(".", 1)[-1] == "rotary_emb":
+            parent = model.get_submodule(name.rpartition(".")[0])
+            device = next(iter(module.buffers()), torch.empty(0)).device
+            parent.rotary_emb = type(module)(config).to(device)
+            swapped.append((parent, module))
+    if not swapped:
+        raise ValueError(f"{type(model).__name__} has no rotary embedding (rotary_emb) to rescale: it uses no RoPE")
+    try:
+        yield model
+    finally:
+        for parent, module in swapped:
+            parent.rotary_emb = module
+
+
+# Plot
+
+
+def plot_lengths(
+    results: dict[str, dict[int, float]],
+    path: str | Path,
+    train_length: int | None = None,
+    ylabel: str = "perplexity",
+    title: str = "Perplexity against context length",
+) -> None:
+    """A PNG of one line per model (`results[label][context_length] = value`) against the context length (log2
+    axis), with the training length marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, values in results.items():
+        lengths = sorted(values)
+        ax.plot(lengths, [values[n] for n in lengths], marker="o", label=label)
+    if train_length:
+        ax.axvline(train_length, color="gray", linestyle="--", linewidth=1, label=f"training length {train_length}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel(ylabel)
+    if ylabel == "perplexity":
+        ax.set_yscale("log")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+__all__ = [
+    "IGNORE_INDEX",
+    "PerplexityResult",
+    "Window",
+    "answer_accuracy",
+    "data_files",
+    "make_windows",
+    "passkey_accuracy",
+    "passkey_windows",
+    "perplexity",
+    "plot_lengths",
+    "read_texts",
+    "rope_parameters_for",
+    "rope_scaling",
+    "score_windows",
+    "tokenize_stream",
+]

@@ -44,7 +44,15 @@ from conversion.convert import convert
 from conversion.errors import ConversionError
 from conversion.options import ConvertOptions
 from path_hf import PaTHLlamaAttention, PaTHLlamaConfig, PaTHLlamaForCausalLM
-from path_hf.evaluation import IGNORE_INDEX, PerplexityResult, Window, make_windows, score_windows
+from path_hf.evaluation import (
+    IGNORE_INDEX,
+    PerplexityResult,
+    Window,
+    data_files,
+    make_windows,
+    score_windows,
+    tokenize_stream,
+)
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Models: the student (converted on the fly from a RoPE source if needed) and the teacher
@@ -190,27 +198,12 @@ def _in_path_module(name: str) -> bool:
 # Data: documents -> tokens -> fixed-length blocks, documents never attending to each other
 
 
-_COMPRESSED = (".gz", ".xz", ".bz2", ".zst")
-
-
 def _data_files(files: list[str], field_name: str) -> tuple[str, dict]:
-    """The `datasets` builder and its arguments for local files, all of one kind."""
-    missing = [file for file in files if not Path(file).is_file()]
-    if missing:
-        raise RecipeError(f"{field_name}: no such file(s): {', '.join(missing)}")
-    # `datasets` decompresses .gz / .xz / .bz2 / .zst itself: the kind is the suffix before the compression's.
-    suffixes = {
-        Path(Path(file).stem).suffix if Path(file).suffix in _COMPRESSED else Path(file).suffix for file in files
-    }
-    builders = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-    if len(suffixes) != 1 or next(iter(suffixes)) not in builders:
-        raise RecipeError(
-            f"{field_name}: files must all be .txt, .jsonl/.json or .parquet (optionally compressed with "
-            f"{', '.join(_COMPRESSED)}), got {sorted(suffixes)}"
-        )
-    builder = builders[suffixes.pop()]
-    kwargs = {"sample_by": "paragraph"} if builder == "text" else {}  # a .txt document ends at a blank line
-    return builder, {"data_files": files, **kwargs}
+    """The `datasets` builder and its arguments for local files, all of one kind (`path_hf.evaluation.data_files`)."""
+    try:
+        return data_files(files)
+    except (OSError, ValueError) as error:
+        raise RecipeError(f"{field_name}: {error}") from error
 
 
 def load_documents(data: DataArguments) -> tuple[Dataset | IterableDataset, list[str]]:
@@ -280,17 +273,6 @@ def training_blocks(documents, tokenizer, data: DataArguments, accelerator: Acce
     if empty:
         raise RecipeError(f"data: the training documents make no block of data.block_size={data.block_size} tokens")
     return blocks.with_format("torch")
-
-
-def evaluation_tokens(eval_texts: list[str], tokenizer, data: DataArguments) -> list[int]:
-    """The held-out texts as one stream (EOS between documents), at most `data.eval_tokens` tokens."""
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    stream: list[int] = []
-    for ids in tokenizer(eval_texts, add_special_tokens=True)["input_ids"]:
-        stream += ids + eos
-        if len(stream) >= data.eval_tokens:
-            break
-    return stream[: data.eval_tokens]
 
 
 def endless_batches(dataloader, start: int) -> Iterator[dict[str, torch.Tensor]]:
@@ -623,7 +605,7 @@ def train(config: RecipeConfig) -> dict:
 
     blocks = training_blocks(documents, tokenizer, data_args, accelerator)
     dataloader = DataLoader(blocks, batch_size=training.batch_size)
-    stream = evaluation_tokens(eval_texts, tokenizer, data_args)
+    stream = tokenize_stream(eval_texts, tokenizer, data_args.eval_tokens)
     windows = {f"{n}x": make_windows(stream, n * data_args.block_size) for n in sorted(set(training.eval_lengths))}
     longest = max(training.eval_lengths) * data_args.block_size
     if len(stream) < longest:

@@ -1,0 +1,355 @@
+# Copyright 2026 The path-hf authors. Apache-2.0.
+"""`path-hf eval`: perplexity and passkey retrieval at several context lengths, for several causal LMs at once.
+
+```
+path-hf eval --model source=meta-llama/Llama-3.2-1B --model yarn=meta-llama/Llama-3.2-1B@yarn \\
+    --model path=./Llama-3.2-1B-PaTH --data held_out.jsonl --lengths 2048,4096,8192,16384 \\
+    --output eval.json --plot eval.png
+```
+
+A model is `[LABEL=]PATH[@ROPE[:FACTOR]]`: any checkpoint `AutoModelForCausalLM.from_pretrained` loads, evaluated
+as it is or, with `@yarn`, `@dynamic` or `@linear`, with transformers' RoPE scaling of that type swapped in (see
+`path_hf.evaluation.rope_scaling`). Without a FACTOR, YaRN and linear use `length / train length` at each length (no
+scaling at or below the training length) and dynamic NTK uses 1 (it rescales by the sequence length itself).
+
+The metrics are `path_hf.evaluation`'s, the same functions the recipes track recovery with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import EvaluationError
+
+_ROPE_SUFFIX = re.compile(r"@(linear|dynamic|yarn)(?::(\d+(?:\.\d+)?))?$")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One `--model`: where it is, what to call it, and the RoPE scaling to evaluate it with."""
+
+    label: str
+    path: str
+    rope_scaling: str | None = None
+    rope_factor: float | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> ModelSpec:
+        """`[LABEL=]PATH[@ROPE[:FACTOR]]`; the label defaults to the directory name (and `+ROPE`)."""
+        rope, factor = None, None
+        if found := _ROPE_SUFFIX.search(spec):
+            rope, factor = found[1], float(found[2]) if found[2] else None
+            spec = spec[: found.start()]
+        label, _, path = spec.rpartition("=") if "=" in spec.split("/")[0] else ("", "", spec)
+        if not path:
+            raise ValueError(f"--model {spec!r} names no checkpoint: use [LABEL=]PATH[@yarn|@dynamic|@linear[:FACTOR]]")
+        if factor is not None and factor < 1:
+            raise ValueError(f"--model {spec!r}: the RoPE scaling factor must be at least 1, got {factor:g}")
+        label = label or Path(path.rstrip("/")).name + (f"+{rope}" if rope else "")
+        return cls(label, path, rope, factor)
+
+
+def parse_lengths(spec: str) -> tuple[int, ...]:
+    """`"256,512,1024"` -> `(256, 512, 1024)`: distinct context lengths of at least 2 tokens, sorted."""
+    try:
+        lengths = sorted({int(part) for part in spec.split(",") if part.strip()})
+    except ValueError:
+        raise ValueError(f"--lengths {spec!r} is not a comma-separated list of token counts such as 256,512") from None
+    if not lengths or lengths[0] < 2:
+        raise ValueError(f"--lengths {spec!r}: give one or more context lengths of at least 2 tokens")
+    return tuple(lengths)
+
+
+@dataclass(kw_only=True)
+class EvalOptions:
+    """Everything `path-hf eval` was asked to do (one field per flag)."""
+
+    models: list[ModelSpec]
+    data: list[str]
+    lengths: tuple[int, ...]
+    text_field: str = "text"
+    max_tokens: int = 65536
+    stride: int | None = None
+    batch_size: int = 8
+    passkey_trials: int = 20
+    seed: int = 0
+    train_length: int | None = None
+    dtype: str = "float32"
+    device: str | None = None
+    trust_remote_code: bool = False
+    output: str | None = None
+    plot: str | None = None
+    force: bool = False
+    progress: bool = True
+    debug: bool = field(default=False, repr=False)
+
+    def check(self) -> None:
+        """Refuse what cannot run before any model is loaded."""
+        labels = [spec.label for spec in self.models]
+        if duplicated := sorted({label for label in labels if labels.count(label) > 1}):
+            raise EvaluationError(f"two --model share the label {duplicated[0]!r}: name them with LABEL=PATH")
+        if self.stride is not None and not 1 <= self.stride <= self.lengths[0]:
+            raise EvaluationError(
+                f"--stride {self.stride} must be between 1 and the shortest length ({self.lengths[0]}): each "
+                "window slides by that many tokens"
+            )
+        for name in ("max_tokens", "batch_size"):
+            if getattr(self, name) < 1:
+                raise EvaluationError(f"--{name.replace('_', '-')} must be a positive integer")
+        if self.passkey_trials < 0:
+            raise EvaluationError("--passkey-trials must be 0 (no passkey test) or more")
+        if self.max_tokens < self.lengths[-1]:
+            raise EvaluationError(
+                f"--max-tokens {self.max_tokens} is below the longest length {self.lengths[-1]}: no window would fit"
+            )
+        for path, flag in ((self.output, "--output"), (self.plot, "--plot")):
+            if path and Path(path).exists() and not self.force:
+                raise EvaluationError(f"{flag} {path} exists: pass --force to replace it, or choose another path")
+            if path and not Path(path).resolve().parent.is_dir():
+                raise EvaluationError(f"{flag} {path}: its directory does not exist")
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        dest="models",
+        action="append",
+        required=True,
+        type=_argument(ModelSpec.parse),
+        metavar="[LABEL=]PATH[@ROPE[:F]]",
+        help="a checkpoint (directory or hub id); repeat to compare models. @yarn, @dynamic or @linear evaluate it "
+        "with that RoPE scaling (factor F; default: length / train length for yarn and linear, 1 for dynamic)",
+    )
+    parser.add_argument(
+        "--data", nargs="+", required=True, metavar="FILE", help=".txt, .jsonl or .parquet files (may be compressed)"
+    )
+    parser.add_argument(
+        "--lengths", required=True, type=_argument(parse_lengths), metavar="N,N,...", help="context lengths in tokens"
+    )
+    parser.add_argument("--text-field", default="text", help="column of JSON/parquet records (default: %(default)s)")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=65536,
+        metavar="N",
+        help="evaluate on the first N tokens of the data, the same tokens at every length (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--stride",
+        type=int,
+        metavar="S",
+        help="sliding windows that move by S tokens, each token scored once with up to length-1 tokens of context "
+        "(default: non-overlapping windows)",
+    )
+    parser.add_argument("--batch-size", type=int, default=8, help="windows per forward pass (default: %(default)s)")
+    parser.add_argument(
+        "--passkey-trials",
+        type=int,
+        default=20,
+        metavar="N",
+        help="passkey prompts per length; 0 skips the test (default: %(default)s)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the passkey prompts (default: %(default)s)")
+    parser.add_argument(
+        "--train-length",
+        type=int,
+        metavar="N",
+        help="the models' training context, for RoPE scaling, the plot and the table (default: from each config)",
+    )
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when there is one)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with a checkpoint")
+    parser.add_argument("--output", metavar="FILE.json", help="write every number as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="plot perplexity against context length, one line a model")
+    parser.add_argument("--force", action="store_true", help="replace --output / --plot if they exist")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    parser.add_argument("--debug", action="store_true", help="print the traceback of an error")
+
+
+def _argument(parse):
+    def parse_argument(value: str):
+        try:
+            return parse(value)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from error
+
+    parse_argument.__name__ = parse.__name__
+    return parse_argument
+
+
+def options_from_args(args: argparse.Namespace) -> EvalOptions:
+    names = EvalOptions.__dataclass_fields__
+    return EvalOptions(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+
+
+def _train_length(config, given: int | None) -> int | None:
+    if given:
+        return given
+    rope = getattr(config, "rope_parameters", None) or {}
+    return rope.get("original_max_position_embeddings") or getattr(config, "max_position_embeddings", None)
+
+
+def evaluate_model(spec: ModelSpec, options: EvalOptions, texts: list[str]) -> dict:
+    """Load one model and measure it at every length; returns its JSON record."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import path_hf  # noqa: F401  (registers PaTHLlama with the Auto classes)
+    from path_hf.evaluation import make_windows, passkey_accuracy, rope_scaling, score_windows, tokenize_stream
+
+    device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=options.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            spec.path, dtype=getattr(torch, options.dtype), trust_remote_code=options.trust_remote_code
+        ).to(device)
+    except (OSError, ValueError) as error:
+        raise EvaluationError(f"--model {spec.path}: cannot load it ({str(error).strip().splitlines()[0]})") from error
+    train_length = _train_length(model.config, options.train_length)
+    if spec.rope_scaling and not train_length:
+        raise EvaluationError(f"--model {spec.label}: RoPE scaling needs the training length: pass --train-length")
+    stream = tokenize_stream(texts, tokenizer, options.max_tokens)
+    if len(stream) < options.lengths[-1]:
+        raise EvaluationError(
+            f"--data holds {len(stream)} tokens for {spec.label}'s tokenizer, fewer than the longest length "
+            f"{options.lengths[-1]}: give more text or drop the longer lengths"
+        )
+    record = {
+        "path": spec.path,
+        "model_type": model.config.model_type,
+        "rope_scaling": spec.rope_scaling,
+        "train_length": train_length,
+        "tokens": len(stream),
+        "lengths": {},
+    }
+    for length in options.lengths:
+        started = time.perf_counter()
+        factor = spec.rope_factor
+        if spec.rope_scaling and factor is None:
+            factor = 1.0 if spec.rope_scaling == "dynamic" else max(1.0, length / train_length)
+        try:
+            scaled = rope_scaling(model, spec.rope_scaling, factor, train_length) if spec.rope_scaling else None
+        except ValueError as error:
+            raise EvaluationError(f"--model {spec.label}: {error}") from error
+        with scaled or contextlib.nullcontext():
+            windows = make_windows(stream, length, options.stride)
+            result = score_windows(model, windows, options.batch_size, progress=options.progress)
+            entry = {
+                "ppl": result.ppl,
+                "nll": result.nll,
+                "tokens": result.tokens,
+                "windows": len(windows),
+                # the tokens read with at least half a window of context: those past the training length at 2x+
+                "ppl_second_half": result.ppl_between(length // 2),
+            }
+            if factor is not None:
+                entry["rope_factor"] = factor
+            if options.passkey_trials:
+                try:
+                    entry["passkey"] = passkey_accuracy(
+                        model,
+                        tokenizer,
+                        length,
+                        options.passkey_trials,
+                        options.seed,
+                        options.batch_size,
+                        options.progress,
+                    )
+                except ValueError as error:  # a length too short for the prompt
+                    entry["passkey"], entry["passkey_error"] = None, str(error)
+        entry["seconds"] = round(time.perf_counter() - started, 2)
+        record["lengths"][str(length)] = entry
+        passkey = entry.get("passkey")
+        print(
+            f"{spec.label:>24}  {length:>6}  ppl {entry['ppl']:9.3f}"
+            + (f"  passkey {passkey:5.0%}" if passkey is not None else "")
+            + f"  ({entry['seconds']:.1f} s)",
+            file=sys.stderr,
+        )
+    del model
+    gc.collect()
+    return record
+
+
+def format_table(report: dict) -> str:
+    """Perplexity (and passkey accuracy) per model and length, as a Markdown table."""
+    lengths = report["lengths"]
+    train = report.get("train_length")
+    header = [f"{n} ({n / train:g}x)" if train else str(n) for n in lengths]
+    rows = ["| model | " + " | ".join(header) + " |", "|---|" + "---:|" * len(lengths)]
+    for label, record in report["models"].items():
+        cells = []
+        for n in lengths:
+            entry = record["lengths"][str(n)]
+            cell = f"{entry['ppl']:.2f}"
+            if entry.get("passkey") is not None:
+                cell += f" / {entry['passkey']:.0%}"
+            cells.append(cell)
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    note = "perplexity / passkey accuracy" if report.get("passkey_trials") else "perplexity"
+    return "\n".join(rows) + f"\n({note}; {report['windowing']})"
+
+
+def _write_atomically(path: str, write) -> None:
+    """`write(tmp_path)`, then rename onto `path`: a reader never sees a half-written file."""
+    target = Path(path)
+    handle, tmp = tempfile.mkstemp(dir=target.resolve().parent, prefix=f".{target.name}.", suffix=target.suffix)
+    os.close(handle)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run_eval(options: EvalOptions) -> dict:
+    """Evaluate every model of `options`; print the table, write the JSON and the plot; returns the report."""
+    from path_hf.evaluation import plot_lengths, read_texts
+
+    options.check()
+    try:
+        texts = read_texts(options.data, options.text_field)
+    except (OSError, ValueError) as error:
+        raise EvaluationError(f"--data: {error}") from error
+    if not texts:
+        raise EvaluationError(f"--data {' '.join(options.data)}: no non-empty documents")
+    report = {
+        "data": options.data,
+        "max_tokens": options.max_tokens,
+        "lengths": list(options.lengths),
+        "windowing": f"sliding windows, stride {options.stride}" if options.stride else "non-overlapping windows",
+        "stride": options.stride,
+        "passkey_trials": options.passkey_trials,
+        "seed": options.seed,
+        "dtype": options.dtype,
+        "models": {},
+    }
+    for spec in options.models:
+        report["models"][spec.label] = evaluate_model(spec, options, texts) | {"spec": asdict(spec)}
+    train_lengths = {record["train_length"] for record in report["models"].values()}
+    report["train_length"] = train_lengths.pop() if len(train_lengths) == 1 else None
+    print(format_table(report))
+    if options.output:
+        _write_atomically(options.output, lambda tmp: Path(tmp).write_text(json.dumps(report, indent=2) + "\n"))
+    if options.plot:
+        ppl = {
+            label: {int(n): entry["ppl"] for n, entry in record["lengths"].items() if math.isfinite(entry["ppl"])}
+            for label, record in report["models"].items()
+        }
+        _write_atomically(options.plot, lambda tmp: plot_lengths(ppl, tmp, report["train_length"]))
+    return report
+
+
+__all__ = ["EvalOptions", "ModelSpec", "add_eval_arguments", "format_table", "parse_lengths", "run_eval"]
