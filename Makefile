@@ -34,13 +34,11 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# The main job on the embedded default model: convert it to PaTH and recover it on CPU (~2-5 min), printing
-# perplexity at 1x/2x/4x the training length for the source, the converted and the trained model. Output in
-# runs/demo (replaced by each run). The full demo (8x, YaRN / NTK baselines, passkey, plots) is still to come.
+# The main job on the embedded default model, on CPU: examples/demo.py converts it with `path-hf convert`, recovers it
+# with recipes/configs/tiny-cpu.yaml and evaluates the source (plain RoPE, YaRN, dynamic NTK) and the PaTH model at
+# 1x-8x the training length with `path-hf eval`. Prints the table; plots and demo.json in runs/demo (replaced).
 demo: install
-	rm -rf runs/demo
-	$(VENV)/bin/accelerate launch --cpu --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no \
-		recipes/train.py --config recipes/configs/tiny-cpu.yaml training.output_dir=runs/demo
+	$(PY) examples/demo.py --output runs/demo
 
 bench: install
 	$(PY) bench/attention_cpu.py

@@ -1,0 +1,32 @@
+"""Fixtures: the default model's tokenizer, and tiny checkpoints saved with it."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from eval_models import TOKENIZER, shapes
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(TOKENIZER)
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory, tokenizer) -> dict[str, Path]:
+    """{"llama": dir, "path": dir}: random tiny models, saved like any checkpoint."""
+    root = tmp_path_factory.mktemp("eval-checkpoints")
+    torch.manual_seed(0)
+    models = {
+        "llama": LlamaForCausalLM(LlamaConfig(**shapes(tokenizer))),
+        "path": PaTHLlamaForCausalLM(PaTHLlamaConfig(**shapes(tokenizer), path_backend="torch")),
+    }
+    paths = {}
+    for name, model in models.items():
+        paths[name] = root / name
+        model.save_pretrained(paths[name])
+        tokenizer.save_pretrained(paths[name])
+    return paths

@@ -1,0 +1,191 @@
+"""`path-hf eval` against a direct computation, its outputs, and its refusals."""
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from eval_models import EVAL_DATA, TRAIN_LENGTH
+from transformers import AutoModelForCausalLM
+
+from conversion.cli import main
+from conversion.evaluate import ModelSpec, parse_lengths
+from path_hf.evaluation import read_texts, tokenize_stream
+
+MAX_TOKENS = 160
+
+
+def stream_of(tokenizer, max_tokens: int = MAX_TOKENS) -> list[int]:
+    """The evaluation tokens, built here by hand: each document with its special tokens, then EOS, cut."""
+    stream = []
+    for text in read_texts([EVAL_DATA]):
+        stream += tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
+    return stream[:max_tokens]
+
+
+def window_nll(model, ids: list[int]) -> float:
+    """Sum of -log p(token t | tokens before it in the window), t >= 1, one forward pass."""
+    ids = torch.tensor(ids)[None]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, :-1].double()
+    return -F.log_softmax(logits, -1).gather(1, ids[0, 1:, None]).sum().item()
+
+
+def direct_ppl(model, stream: list[int], length: int, stride: int | None = None) -> float:
+    if stride is None:
+        windows = [stream[begin : begin + length] for begin in range(0, len(stream), length)]
+        nll = sum(window_nll(model, window) for window in windows if len(window) > 1)
+        return math.exp(nll / sum(len(window) - 1 for window in windows))
+    nll = 0.0
+    for t in range(1, len(stream)):  # token t, read with the longest context a window sliding by `stride` gives it
+        begin = max(0, math.ceil((t + 1 - length) / stride) * stride)
+        context = torch.tensor(stream[begin : t + 1])[None]
+        with torch.no_grad():
+            logits = model(input_ids=context).logits[0, -2].double()
+        nll -= F.log_softmax(logits, -1)[stream[t]].item()
+    return math.exp(nll / (len(stream) - 1))
+
+
+def run_eval(*args, capsys=None) -> int:
+    return main(["eval", "--data", str(EVAL_DATA), "--no-progress", *map(str, args)])
+
+
+@pytest.mark.parametrize("kind", ["llama", "path"])
+def test_perplexity_matches_a_direct_computation(kind, checkpoints, tokenizer, tmp_path, capsys):
+    output = tmp_path / "eval.json"
+    code = run_eval(
+        "--model", checkpoints[kind], "--lengths", "32,64,128", "--max-tokens", MAX_TOKENS, "--passkey-trials", 0,
+        "--output", output,
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(output.read_text())
+    record = report["models"][kind]
+    model = AutoModelForCausalLM.from_pretrained(checkpoints[kind]).eval()
+    stream = stream_of(tokenizer)
+    assert record["tokens"] == len(stream) == MAX_TOKENS
+    for length in (32, 64, 128):
+        entry = record["lengths"][str(length)]
+        assert entry["ppl"] == pytest.approx(direct_ppl(model, stream, length), rel=1e-5)
+        assert entry["tokens"] == MAX_TOKENS - math.ceil(MAX_TOKENS / length)
+    table = capsys.readouterr().out
+    assert f"| {kind} |" in table and "32 (1x)" in table and "128 (4x)" in table
+
+
+def test_sliding_windows_match_a_direct_computation(checkpoints, tokenizer, tmp_path):
+    output = tmp_path / "eval.json"
+    code = run_eval(
+        "--model", checkpoints["path"], "--lengths", "32,48", "--stride", 8, "--max-tokens", 96,
+        "--passkey-trials", 0, "--output", output,
+    )  # fmt: skip
+    assert code == 0
+    model = AutoModelForCausalLM.from_pretrained(checkpoints["path"]).eval()
+    stream = stream_of(tokenizer, 96)
+    lengths = json.loads(output.read_text())["models"]["path"]["lengths"]
+    for length in (32, 48):
+        assert lengths[str(length)]["tokens"] == 95
+        assert lengths[str(length)]["ppl"] == pytest.approx(direct_ppl(model, stream, length, stride=8), rel=1e-5)
+
+
+@pytest.mark.parametrize("rope_type", ["yarn", "dynamic", "linear"])
+def test_rope_scaling_is_transformers_own(rope_type, checkpoints, tokenizer, tmp_path):
+    """`PATH@yarn` (and @dynamic, @linear) gives what a model loaded with those `rope_parameters` gives."""
+    output = tmp_path / "eval.json"
+    code = run_eval(
+        "--model", f"scaled={checkpoints['llama']}@{rope_type}", "--model", f"plain={checkpoints['llama']}",
+        "--lengths", "32,64,128", "--max-tokens", 128, "--passkey-trials", 0, "--output", output,
+    )  # fmt: skip
+    assert code == 0
+    models = json.loads(output.read_text())["models"]
+    stream = stream_of(tokenizer, 128)
+    for length in (32, 64, 128):
+        factor = 1.0 if rope_type == "dynamic" else length / TRAIN_LENGTH
+        parameters = {"rope_type": rope_type, "rope_theta": 10000.0, "factor": factor}
+        if rope_type == "yarn":
+            parameters["original_max_position_embeddings"] = TRAIN_LENGTH
+        reference = AutoModelForCausalLM.from_pretrained(checkpoints["llama"], rope_parameters=parameters).eval()
+        scaled = models["scaled"]["lengths"][str(length)]
+        assert scaled["ppl"] == pytest.approx(direct_ppl(reference, stream, length), rel=1e-5)
+        assert scaled["rope_factor"] == factor
+    # At the training length the scaling changes nothing (dynamic and YaRN with factor 1), beyond it, it does.
+    assert models["scaled"]["lengths"]["128"]["ppl"] != pytest.approx(models["plain"]["lengths"]["128"]["ppl"])
+    if rope_type != "linear":
+        assert models["scaled"]["lengths"]["32"]["ppl"] == pytest.approx(models["plain"]["lengths"]["32"]["ppl"])
+
+
+def test_several_models_a_plot_and_passkey(checkpoints, tmp_path, capsys):
+    output, plot = tmp_path / "eval.json", tmp_path / "eval.png"
+    code = run_eval(
+        "--model", f"RoPE={checkpoints['llama']}", "--model", f"PaTH={checkpoints['path']}", "--lengths", "64,128,256",
+        "--max-tokens", 256, "--passkey-trials", 3, "--output", output, "--plot", plot,
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(output.read_text())
+    assert list(report["models"]) == ["RoPE", "PaTH"]
+    for record in report["models"].values():
+        lengths = record["lengths"]
+        # 64 tokens cannot hold a passkey prompt: that length says so instead of failing the run.
+        assert lengths["64"]["passkey"] is None and "too short for a passkey prompt" in lengths["64"]["passkey_error"]
+        for entry in (lengths["128"], lengths["256"]):
+            assert 0.0 <= entry["passkey"] <= 1.0 and math.isfinite(entry["ppl_second_half"])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "perplexity / passkey accuracy" in capsys.readouterr().out
+    assert not list(tmp_path.glob(".*"))  # no temporary files left beside the outputs
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--data", "missing.jsonl"], "--data: no such file(s): missing.jsonl"),
+        (["--model", "{llama}", "--model", "{llama}"], "share the label 'llama'"),
+        (["--stride", "40"], "--stride 40 must be between 1 and the shortest length (32)"),
+        (["--max-tokens", "40"], "--max-tokens 40 is below the longest length 64"),
+        (["--model", "{path}@yarn"], "has rope_mode='drop' in every layer: the model uses no RoPE"),
+        (["--model", "{tmp}/nothing-here"], "cannot load it"),
+    ],
+)
+def test_refusals(args, message, checkpoints, tmp_path, capsys):
+    args = [arg.format(llama=checkpoints["llama"], path=checkpoints["path"], tmp=tmp_path) for arg in args]
+    models = [] if "--model" in args else ["--model", str(checkpoints["llama"])]
+    output = tmp_path / "eval.json"
+    command = ["eval", *models, "--data", str(EVAL_DATA), "--lengths", "32,64", "--passkey-trials", "0"]
+    code = main([*command, "--no-progress", "--output", str(output), *args])
+    assert code == 1
+    assert message in capsys.readouterr().err
+    assert not output.exists()
+
+
+def test_too_little_text_and_existing_output(checkpoints, tmp_path, capsys):
+    short = tmp_path / "short.jsonl"
+    short.write_text(json.dumps({"text": "A few words only."}) + "\n")
+    output = tmp_path / "eval.json"
+    code = main(["eval", "--model", str(checkpoints["llama"]), "--data", str(short), "--lengths", "32,64"])
+    assert code == 1
+    assert "fewer than the longest length 64: give more text" in capsys.readouterr().err
+    output.write_text("mine")
+    command = ["eval", "--model", str(checkpoints["llama"]), "--data", str(EVAL_DATA), "--lengths", "32"]
+    assert main([*command, "--output", str(output), "--passkey-trials", "0"]) == 1
+    assert "exists: pass --force" in capsys.readouterr().err
+    assert output.read_text() == "mine"
+    assert main([*command, "--output", str(output), "--passkey-trials", "0", "--force", "--no-progress"]) == 0
+    assert json.loads(output.read_text())["lengths"] == [32]
+
+
+def test_model_specs_and_lengths():
+    assert ModelSpec.parse("runs/x/final") == ModelSpec("final", "runs/x/final")
+    assert ModelSpec.parse("src=a/b@yarn") == ModelSpec("src", "a/b", "yarn")
+    assert ModelSpec.parse("a/b@dynamic:2") == ModelSpec("b+dynamic", "a/b", "dynamic", 2.0)
+    assert ModelSpec.parse("meta-llama/Llama-3.2-1B@yarn:4.5").rope_factor == 4.5
+    with pytest.raises(ValueError, match="at least 1"):
+        ModelSpec.parse("a@yarn:0.5")
+    assert parse_lengths("512, 256,256") == (256, 512)
+    for bad in ("", "1", "a,b"):
+        with pytest.raises(ValueError, match="--lengths"):
+            parse_lengths(bad)
+    with pytest.raises(SystemExit):  # argparse: exit code 2 and the message
+        main(["eval", "--model", "x", "--data", "y", "--lengths", "1"])
+
+
+def test_the_stream_is_the_recipes(tokenizer):
+    """One implementation: `tokenize_stream` is what the recipes evaluate on."""
+    assert tokenize_stream(read_texts([EVAL_DATA]), tokenizer, MAX_TOKENS) == stream_of(tokenizer)

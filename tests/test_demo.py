@@ -1,0 +1,47 @@
+"""`make demo`'s pipeline end to end, reduced (`examples/demo.py --quick`): convert the embedded default model with
+`path-hf convert`, recover it with the recipe, evaluate five models at 1x-8x with `path-hf eval`, summarise."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_the_demo_pipeline(tmp_path):
+    out = tmp_path / "demo"
+    completed = subprocess.run(
+        [sys.executable, "examples/demo.py", "--quick", "--threads", "1", "--output", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    report = json.loads((out / "demo.json").read_text())
+    lengths = [str(m * 256) for m in (1, 2, 4, 8)]
+    models = ["RoPE (source)", "RoPE + YaRN", "RoPE + dynamic NTK", "PaTH, step 0", "PaTH, recovered"]
+    assert list(report["perplexity"]) == models
+    assert all(list(report["perplexity"][model]) == lengths for model in models)
+    ppl = report["perplexity"]
+    # The source and its scaled variants are one model at the training length; beyond it the scalings differ.
+    assert ppl["RoPE + YaRN"]["256"] == pytest.approx(ppl["RoPE (source)"]["256"], rel=1e-6)
+    assert ppl["RoPE + dynamic NTK"]["256"] == pytest.approx(ppl["RoPE (source)"]["256"], rel=1e-6)
+    assert len({ppl[model]["2048"] for model in models[:3]}) == 3
+    # The recipe trained the converted model: it is better than at step 0, and the summary says by how much.
+    assert ppl["PaTH, recovered"]["256"] < ppl["PaTH, step 0"]["256"]
+    goals = report["goals"]
+    assert goals["recovery_ratio_1x"] == pytest.approx(ppl["PaTH, recovered"]["256"] / ppl["RoPE (source)"]["256"])
+    stages = yaml.safe_load((ROOT / "recipes" / "configs" / "tiny-cpu.yaml").read_text())["stages"]
+    assert goals["training_tokens"] == report["recovery"]["final"]["tokens"] == len(stages) * 4096
+    assert (out / "converted" / "config.json").is_file()
+    assert json.loads((out / "converted" / "config.json").read_text())["model_type"] == "path_llama"
+    for plot in (out / "ppl_vs_length.png", out / "train" / "recovery.png"):
+        assert plot.read_bytes()[:4] == b"\x89PNG"
+    assert "| PaTH, recovered |" in completed.stdout and "recovery: ratio" in completed.stdout
+    assert "$ python -m conversion convert --from" in completed.stdout  # each step is shown as the command it is
