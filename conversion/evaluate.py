@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import EvaluationError
+from .options import argument_type
 
 _ROPE_SUFFIX = re.compile(r"@(linear|dynamic|yarn)(?::(\d+(?:\.\d+)?))?$")
 
@@ -126,7 +127,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         dest="models",
         action="append",
         required=True,
-        type=_argument(ModelSpec.parse),
+        type=argument_type(ModelSpec.parse),
         metavar="[LABEL=]PATH[@ROPE[:F]]",
         help="a checkpoint (directory or hub id); repeat to compare models. @yarn, @dynamic or @linear evaluate it "
         "with that RoPE scaling (factor F; default: length / train length for yarn and linear, 1 for dynamic)",
@@ -135,7 +136,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         "--data", nargs="+", required=True, metavar="FILE", help=".txt, .jsonl or .parquet files (may be compressed)"
     )
     parser.add_argument(
-        "--lengths", required=True, type=_argument(parse_lengths), metavar="N,N,...", help="context lengths in tokens"
+        "--lengths",
+        required=True,
+        type=argument_type(parse_lengths),
+        metavar="N,N,...",
+        help="context lengths in tokens",
     )
     parser.add_argument("--text-field", default="text", help="column of JSON/parquet records (default: %(default)s)")
     parser.add_argument(
@@ -175,17 +180,6 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace --output / --plot if they exist")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     parser.add_argument("--debug", action="store_true", help="print the traceback of an error")
-
-
-def _argument(parse):
-    def parse_argument(value: str):
-        try:
-            return parse(value)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from error
-
-    parse_argument.__name__ = parse.__name__
-    return parse_argument
 
 
 def options_from_args(args: argparse.Namespace) -> EvalOptions:

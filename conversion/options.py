@@ -153,7 +153,7 @@ def _flag(option) -> str:
     return option.metadata.get("flag", "--" + option.name.replace("_", "-"))
 
 
-def _argument_type(parse):
+def argument_type(parse):
     """`parse`, with its ValueError message shown by argparse (which otherwise prints only the function's name)."""
 
     def parse_argument(value: str):
@@ -178,7 +178,7 @@ def add_options_to_parser(parser: argparse.ArgumentParser, options_class: type =
         else:
             if isinstance(kind, types.UnionType):  # `X | None`
                 kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
-            kwargs.update(type=_argument_type(option.metadata.get("parse", kind)), required=required)
+            kwargs.update(type=argument_type(option.metadata.get("parse", kind)), required=required)
             if not required:
                 kwargs["default"] = option.default
             for key in ("choices", "metavar"):
@@ -197,6 +197,7 @@ __all__ = [
     "VERIFY_TOLERANCE",
     "ConvertOptions",
     "add_options_to_parser",
+    "argument_type",
     "format_layers",
     "options_from_args",
     "parse_layers",
