@@ -35,6 +35,12 @@ def test_the_demo_pipeline(tmp_path):
     assert len({ppl[model]["2048"] for model in models[:3]}) == 3
     # The recipe trained the converted model: it is better than at step 0, and the summary says by how much.
     assert ppl["PaTH, recovered"]["256"] < ppl["PaTH, step 0"]["256"]
+    # One implementation: the recipe's tracking and `path-hf eval` agree on the same tokens.
+    for multiple in ("1x", "2x", "4x"):
+        length = str(int(multiple[0]) * 256)
+        assert report["recovery"]["source_ppl"][multiple] == pytest.approx(ppl["RoPE (source)"][length], rel=1e-4)
+        assert report["recovery"]["history"][0]["ppl"][multiple] == pytest.approx(ppl["PaTH, step 0"][length], rel=1e-4)
+        assert report["recovery"]["final"]["ppl"][multiple] == pytest.approx(ppl["PaTH, recovered"][length], rel=1e-4)
     goals = report["goals"]
     assert goals["recovery_ratio_1x"] == pytest.approx(ppl["PaTH, recovered"]["256"] / ppl["RoPE (source)"]["256"])
     stages = yaml.safe_load((ROOT / "recipes" / "configs" / "tiny-cpu.yaml").read_text())["stages"]
