@@ -302,6 +302,9 @@ def _write_atomically(path: str, write) -> None:
     os.close(handle)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; give it the permissions of any new file
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -453,11 +453,19 @@ def plot_lengths(
         ax.plot(lengths, [values[n] for n in lengths], marker="o", label=label)
     if train_length:
         ax.axvline(train_length, color="gray", linestyle="--", linewidth=1, label=f"training length {train_length}")
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({n for values in results.values() for n in values}))
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel(ylabel)
     if ylabel == "perplexity":
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -129,6 +130,9 @@ def test_several_models_a_plot_and_passkey(checkpoints, tmp_path, capsys):
         for entry in (lengths["128"], lengths["256"]):
             assert 0.0 <= entry["passkey"] <= 1.0 and math.isfinite(entry["ppl_second_half"])
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert all(path.stat().st_mode & 0o777 == 0o666 & ~umask for path in (output, plot))  # like any new file
     assert "perplexity / passkey accuracy" in capsys.readouterr().out
     assert not list(tmp_path.glob(".*"))  # no temporary files left beside the outputs
 
