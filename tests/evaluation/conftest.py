@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 from eval_models import TOKENIZER, shapes
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
 
@@ -17,12 +17,13 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory, tokenizer) -> dict[str, Path]:
-    """{"llama": dir, "path": dir}: random tiny models, saved like any checkpoint."""
+    """{"llama": dir, "path": dir, "qwen3": dir}: random tiny models, saved like any checkpoint."""
     root = tmp_path_factory.mktemp("eval-checkpoints")
     torch.manual_seed(0)
     models = {
         "llama": LlamaForCausalLM(LlamaConfig(**shapes(tokenizer))),
         "path": PaTHLlamaForCausalLM(PaTHLlamaConfig(**shapes(tokenizer), path_backend="torch")),
+        "qwen3": Qwen3ForCausalLM(Qwen3Config(**shapes(tokenizer))),
     }
     paths = {}
     for name, model in models.items():

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from eval_models import EVAL_DATA, TRAIN_LENGTH
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from conversion.cli import main
 from conversion.evaluate import ModelSpec, parse_lengths
@@ -52,7 +52,7 @@ def run_eval(*args, capsys=None) -> int:
     return main(["eval", "--data", str(EVAL_DATA), "--no-progress", *map(str, args)])
 
 
-@pytest.mark.parametrize("kind", ["llama", "path"])
+@pytest.mark.parametrize("kind", ["llama", "path", "qwen3"])
 def test_perplexity_matches_a_direct_computation(kind, checkpoints, tokenizer, tmp_path, capsys):
     output = tmp_path / "eval.json"
     code = run_eval(
@@ -88,23 +88,26 @@ def test_sliding_windows_match_a_direct_computation(checkpoints, tokenizer, tmp_
         assert lengths[str(length)]["ppl"] == pytest.approx(direct_ppl(model, stream, length, stride=8), rel=1e-5)
 
 
-@pytest.mark.parametrize("rope_type", ["yarn", "dynamic", "linear"])
-def test_rope_scaling_is_transformers_own(rope_type, checkpoints, tokenizer, tmp_path):
+@pytest.mark.parametrize(
+    "kind, rope_type", [("llama", "yarn"), ("llama", "dynamic"), ("llama", "linear"), ("qwen3", "yarn")]
+)
+def test_rope_scaling_is_transformers_own(kind, rope_type, checkpoints, tokenizer, tmp_path):
     """`PATH@yarn` (and @dynamic, @linear) gives what a model loaded with those `rope_parameters` gives."""
     output = tmp_path / "eval.json"
     code = run_eval(
-        "--model", f"scaled={checkpoints['llama']}@{rope_type}", "--model", f"plain={checkpoints['llama']}",
+        "--model", f"scaled={checkpoints[kind]}@{rope_type}", "--model", f"plain={checkpoints[kind]}",
         "--lengths", "32,64,128", "--max-tokens", 128, "--passkey-trials", 0, "--output", output,
     )  # fmt: skip
     assert code == 0
     models = json.loads(output.read_text())["models"]
     stream = stream_of(tokenizer, 128)
+    theta = AutoConfig.from_pretrained(checkpoints[kind]).rope_parameters["rope_theta"]
     for length in (32, 64, 128):
         factor = 1.0 if rope_type == "dynamic" else length / TRAIN_LENGTH
-        parameters = {"rope_type": rope_type, "rope_theta": 10000.0, "factor": factor}
+        parameters = {"rope_type": rope_type, "rope_theta": theta, "factor": factor}
         if rope_type == "yarn":
             parameters["original_max_position_embeddings"] = TRAIN_LENGTH
-        reference = AutoModelForCausalLM.from_pretrained(checkpoints["llama"], rope_parameters=parameters).eval()
+        reference = AutoModelForCausalLM.from_pretrained(checkpoints[kind], rope_parameters=parameters).eval()
         scaled = models["scaled"]["lengths"][str(length)]
         assert scaled["ppl"] == pytest.approx(direct_ppl(reference, stream, length), rel=1e-5)
         assert scaled["rope_factor"] == factor
