@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "examples" / "default_model"
 RECIPE = ROOT / "recipes" / "configs" / "tiny-cpu.yaml"
 MULTIPLES = (1, 2, 4, 8)
+BIN = Path(sys.executable).parent
 # The goals of the demo (issue 5): recovery within 2% of the source at the training length with at most 5% of the
 # source's pretraining tokens; at 4x the training length, PaTH within 1.2x of its own 1x perplexity, RoPE above 2x.
 RECOVERY_GOAL, TOKEN_SHARE_GOAL = 1.02, 0.05
@@ -57,9 +58,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def tool(name: str, module: str) -> list[str]:
+    """The console script `name` of this Python's environment (what a user types), or `python -m module`."""
+    script = BIN / name
+    return [str(script)] if script.is_file() else [sys.executable, "-m", module]
+
+
 def run(command: list[str], env_threads: int | None) -> None:
     """Run one step, echoing it; stop the demo with its exit code if it fails."""
-    shown = " ".join(str(part) for part in command).replace(sys.executable, "python")
+    shown = " ".join(str(part) for part in command).replace(f"{BIN}/", "").replace(sys.executable, "python")
     print(f"\n$ {shown}", flush=True)
     env = dict(os.environ)
     if env_threads:
@@ -90,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     # 1. Convert.
     flags = ["--rope", convert["rope"], "--init", convert.get("init", "default")]
     flags += ["--forget-gate"] if convert.get("forget_gate") else []
-    run([sys.executable, "-m", "conversion", "convert", "--from", source, "--to", converted, *flags], args.threads)
+    run([*tool("path-hf", "conversion"), "convert", "--from", source, "--to", converted, *flags], args.threads)
 
     # 2. Recover: the recipe on the converted checkpoint (its teacher is the source it records).
     # The recipe tracks recovery on the same held-out tokens that step 3 evaluates on, with the same functions.
@@ -101,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         overrides += [f"stages.{i}.tokens=4096" for i in range(len(recipe["stages"]))]
         overrides += ["training.eval_every=1000", "training.save_every=1000"]
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1"]
+    launch = [*tool("accelerate", "accelerate.commands.accelerate_cli"), "launch", "--cpu", "--num_processes", "1"]
     launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     run([*launch, ROOT / "recipes" / "train.py", "--config", RECIPE, *overrides], args.threads)
     recovery = json.loads((trained / "recovery.json").read_text())
@@ -114,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "PaTH, step 0": f"{converted}",
         "PaTH, recovered": f"{trained / 'final'}",
     }
-    command = [sys.executable, "-m", "conversion", "eval", "--data", DEFAULT_MODEL / "data" / "eval.jsonl.xz"]
+    command = [*tool("path-hf", "conversion"), "eval", "--data", DEFAULT_MODEL / "data" / "eval.jsonl.xz"]
     command += ["--lengths", ",".join(map(str, lengths)), "--max-tokens", str(eval_tokens)]
     command += ["--passkey-trials", "0", "--train-length", str(train_length)]
     command += ["--output", out / "eval.json", "--plot", out / "ppl_vs_length.png"]

@@ -50,4 +50,6 @@ def test_the_demo_pipeline(tmp_path):
     for plot in (out / "ppl_vs_length.png", out / "train" / "recovery.png"):
         assert plot.read_bytes()[:4] == b"\x89PNG"
     assert "| PaTH, recovered |" in completed.stdout and "recovery: ratio" in completed.stdout
-    assert "$ python -m conversion convert --from" in completed.stdout  # each step is shown as the command it is
+    # Each step is shown as the command a user would type.
+    assert "$ path-hf convert --from" in completed.stdout and "$ path-hf eval --data" in completed.stdout
+    assert "$ accelerate launch --cpu" in completed.stdout
