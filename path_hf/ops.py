@@ -321,9 +321,21 @@ def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, 
         gc = _to_chunks(gcum.view(B, T, H, G) * scale, N, C, dtype).transpose(-1, -2)  # [N, B, H, G, C]
         gq, gk = gc.flatten(-2)[..., None], gc[..., None, :]
 
-    def block_logits(scores, m_slice, n_slice):
-        """Gated and masked logits of query chunks m_slice against key chunks n_slice."""
-        if gq is not None:
+    # The walk folds the gate into its matmuls: the row of query head h carries (G_i, e_h) after its D columns and
+    # a key carries (1, -G_j per head), so q_run . k = q^T P k + G_i - G_j; P acts as the identity on the extras.
+    k_walk, p_walk = k_end, p
+    if gq is not None:
+        extra = 1 + G
+        rows = torch.eye(G, dtype=dtype, device=q.device).repeat_interleave(C, 0)  # [G * C, G]: e_h of each row
+        q_start = torch.cat([q_start, gq, rows.expand(*q_start.shape[:-2], -1, -1)], -1)
+        k_walk = torch.cat([k_end, k_end.new_ones(*k_end.shape[:-1], 1), -gc.transpose(-1, -2)], -1)
+        p_walk = torch.zeros(*p.shape[:-2], D + extra, D + extra, dtype=dtype, device=q.device)
+        p_walk[..., :D, :D] = p
+        p_walk[..., D:, D:] = torch.eye(extra, dtype=dtype, device=q.device)
+
+    def block_logits(scores, m_slice, n_slice, gated=True):
+        """Masked (and, unless `gated` is False, gated) logits of query chunks m_slice against key chunks n_slice."""
+        if gq is not None and gated:
             scores = scores + gq[m_slice] - chunk_rows(gk[n_slice].expand(-1, -1, -1, -1, C, -1))
         mask = None
         if seg is not None:
@@ -351,7 +363,7 @@ def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, 
     def walk(first: int, stop: int, acc, m, q_run):
         finished = []
         for d in range(first, stop):
-            s = block_logits(q_run @ k_end[: N - d].transpose(-1, -2), slice(d, N), slice(0, N - d))
+            s = block_logits(q_run @ k_walk[: N - d].transpose(-1, -2), slice(d, N), slice(0, N - d), gated=False)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
             if in_place:
                 acc = acc.mul_(torch.exp(m - m_new)).add_(s.sub_(m_new).exp_() @ vc[: N - d])
@@ -360,7 +372,7 @@ def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, 
             finished.append(acc[:1])
             acc, m = acc[1:], m_new[1:]
             if d < last_step:
-                q_run = q_run[1:] @ p[1 : N - d]
+                q_run = q_run[1:] @ p_walk[1 : N - d]
         return torch.cat(finished), acc, m, q_run
 
     done = [acc[:1]]
