@@ -38,10 +38,11 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+from transformers import PretrainedConfig
 
 from conversion.convert import convert
 from conversion.errors import ConversionError
+from conversion.loading import load_causal_lm, load_config, load_tokenizer
 from conversion.options import ConvertOptions
 from path_hf import PaTHLlamaAttention, PaTHLlamaConfig, PaTHLlamaForCausalLM
 from path_hf.evaluation import (
@@ -100,9 +101,10 @@ def plan_models(config: RecipeConfig) -> ModelPlan:
 
 
 def _load_config(name: str, field_name: str) -> PretrainedConfig:
+    """The config of a checkpoint directory, hub id or GGUF file (`conversion.loading`)."""
     try:
-        return AutoConfig.from_pretrained(name)
-    except (OSError, ValueError) as error:
+        return load_config(name)
+    except (OSError, ValueError, ConversionError) as error:
         raise RecipeError(f"{field_name} {name}: cannot read its config ({str(error).splitlines()[0]})") from error
 
 
@@ -127,16 +129,15 @@ def load_models(config: RecipeConfig, plan: ModelPlan, accelerator: Accelerator)
     if plan.convert_from is not None and accelerator.is_main_process and not Path(plan.student).is_dir():
         convert(conversion_options(config.model, plan.student))
     accelerator.wait_for_everyone()
-    student = AutoModelForCausalLM.from_pretrained(plan.student, dtype=getattr(torch, config.model.dtype))
+    student = load_causal_lm(plan.student, getattr(torch, config.model.dtype))
     teacher = None
     if plan.teacher is not None:
         deepspeed_plugin = accelerator.state.deepspeed_plugin
         # Under ZeRO-3 a model loaded now would be partitioned without an engine: keep the teacher whole.
         no_zero_init = deepspeed_plugin.zero3_init_context_manager(False) if deepspeed_plugin else nullcontext()
         with no_zero_init:
-            teacher = AutoModelForCausalLM.from_pretrained(
-                plan.teacher, dtype=getattr(torch, config.model.teacher_dtype)
-            )
+            # a checkpoint, or a GGUF file dequantised to teacher_dtype
+            teacher = load_causal_lm(plan.teacher, getattr(torch, config.model.teacher_dtype))
         teacher.eval().requires_grad_(False)
     return student, teacher
 
@@ -296,25 +297,33 @@ class AttentionAlignment:
     """Stage 1: every PaTH layer's attention, run on the teacher's attention input for that layer (the normed hidden
     states and RoPE tables the teacher's `self_attn` received), is matched to the teacher's attention output (MSE).
 
-    Hooks on the teacher's `self_attn` record its inputs and outputs; hooks on the student's PaTH `self_attn`
-    substitute the recorded inputs while `active`. The student runs through its own (wrapped) forward, so DDP, FSDP
-    and DeepSpeed see an ordinary forward; layers after a PaTH attention compute on values nobody reads.
+    Hooks on the teacher's `self_attn` record its inputs and outputs during one teacher forward. Then:
+    - `isolated` (one process or DDP: every process holds whole weights): each PaTH attention runs alone on its
+      recorded input and its loss is backpropagated at once. The student's embeddings, MLPs and head never run, and
+      memory holds one layer's graph at a time, since the layers do not depend on each other. Under DDP the gradients
+      are averaged here (DDP's own hooks only act after a forward through its wrapper).
+    - otherwise (FSDP, DeepSpeed: their wrappers gather the weights in the model's own forward): the student runs
+      whole through its wrapper, with hooks substituting each PaTH attention's input while `active`; the layers after
+      a PaTH attention compute on values nobody reads.
     """
 
-    def __init__(self, student: nn.Module, teacher: nn.Module):
+    def __init__(self, student: nn.Module, teacher: nn.Module, isolated: bool = True):
+        self.isolated = isolated
         self.active = False
         self.inputs: dict[int, dict] = {}
         self.targets: dict[int, torch.Tensor] = {}
         self.outputs: dict[int, torch.Tensor] = {}
-        if not path_attention_layers(student):
+        self.layers = path_attention_layers(student)
+        if not self.layers:
             raise RecipeError("the align stage needs PaTH layers, and the model has none (path_layers=[])")
         teacher_layers = teacher.get_decoder().layers
-        for idx, attention in path_attention_layers(student).items():
+        for idx, attention in self.layers.items():
             teacher_attention = teacher_layers[idx].self_attn
             teacher_attention.register_forward_pre_hook(self._record_input(idx), with_kwargs=True)
             teacher_attention.register_forward_hook(self._record(self.targets, idx))
-            attention.register_forward_pre_hook(self._substitute_input(idx), with_kwargs=True)
-            attention.register_forward_hook(self._record(self.outputs, idx))
+            if not isolated:
+                attention.register_forward_pre_hook(self._substitute_input(idx), with_kwargs=True)
+                attention.register_forward_hook(self._record(self.outputs, idx))
 
     # transformers' decoder layers call `self_attn` with keyword arguments only.
     def _record_input(self, idx: int):
@@ -327,15 +336,17 @@ class AttentionAlignment:
     def _substitute_input(self, idx: int):
         def hook(module, args, kwargs):
             if self.active:
-                recorded = self.inputs[idx]
-                dtype = kwargs["hidden_states"].dtype
-                kwargs = {**kwargs, "hidden_states": recorded["hidden_states"].to(dtype)}
-                if "position_embeddings" in recorded:
-                    kwargs["position_embeddings"] = tuple(t.to(dtype) for t in recorded["position_embeddings"])
-                return args, kwargs
+                return args, {**kwargs, **self._recorded_input(idx, kwargs["hidden_states"].dtype)}
             return None
 
         return hook
+
+    def _recorded_input(self, idx: int, dtype: torch.dtype) -> dict:
+        recorded = self.inputs[idx]
+        kwargs = {"hidden_states": recorded["hidden_states"].to(dtype)}
+        if "position_embeddings" in recorded:
+            kwargs["position_embeddings"] = tuple(t.to(dtype) for t in recorded["position_embeddings"])
+        return kwargs
 
     def _record(self, store: dict, idx: int):
         def hook(module, args, output):
@@ -356,13 +367,47 @@ class AttentionAlignment:
             self.targets.clear()
             self.outputs.clear()
 
-    def loss(self, model: nn.Module, teacher: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _layer_loss(self, idx: int) -> torch.Tensor:
+        return F.mse_loss(self.outputs[idx].float(), self.targets[idx].float())
+
+    def loss(
+        self,
+        model: nn.Module,
+        teacher: nn.Module,
+        batch: dict[str, torch.Tensor],
+        accelerator: Accelerator | None = None,
+    ) -> torch.Tensor:
+        """The mean MSE over the PaTH layers. Isolated, it is already backpropagated (through `accelerator` if
+        given) and returned detached; otherwise the caller backpropagates it."""
         inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "use_cache": False}
         with torch.no_grad():
             teacher(**inputs, logits_to_keep=1)
-        model(**inputs, logits_to_keep=1)
-        losses = [F.mse_loss(self.outputs[i].float(), self.targets[i].float()) for i in sorted(self.outputs)]
-        return torch.stack(losses).mean()
+        if not self.isolated:
+            model(**inputs, logits_to_keep=1)
+            return torch.stack([self._layer_loss(i) for i in sorted(self.outputs)]).mean()
+
+        losses = []
+        for idx, attention in sorted(self.layers.items()):
+            dtype = attention.q_proj.weight.dtype
+            self.outputs[idx] = attention(**self._recorded_input(idx, dtype), position_ids=batch["position_ids"])[0]
+            loss = self._layer_loss(idx) / len(self.layers)
+            if accelerator is not None:
+                accelerator.backward(loss)
+            else:
+                loss.backward()
+            losses.append(loss.detach())
+            del self.outputs[idx]
+        if accelerator is not None and accelerator.num_processes > 1 and accelerator.sync_gradients:
+            average_gradients(model, accelerator)
+        return torch.stack(losses).sum()
+
+
+def average_gradients(model: nn.Module, accelerator: Accelerator) -> None:
+    """Average the gradients of the trainable parameters over the processes (what DDP does in its backward)."""
+    grads = [param.grad for param in model.parameters() if param.requires_grad and param.grad is not None]
+    flat = accelerator.reduce(torch.cat([grad.flatten() for grad in grads]), reduction="mean")
+    for grad, averaged in zip(grads, flat.split([grad.numel() for grad in grads]), strict=True):
+        grad.copy_(averaged.view_as(grad))
 
 
 def _rope_kwargs(kwargs: dict) -> dict:
@@ -595,13 +640,17 @@ def train(config: RecipeConfig) -> dict:
         raise RecipeError("training.trainable=lora merges on one process: use DDP or DeepSpeed ZeRO-2, not FSDP/ZeRO-3")
 
     student, teacher = load_models(config, plan, accelerator)
-    tokenizer = AutoTokenizer.from_pretrained(plan.student)
+    tokenizer = load_tokenizer(plan.student)
     if training.activation_checkpointing:
         student.activation_checkpointing_enable()
         if training.trainable == "lora":  # the frozen embeddings' output must carry gradients into checkpointed layers
             student.enable_input_require_grads()
     model = select_trainable(student, training)
-    alignment = AttentionAlignment(model, teacher) if uses_alignment else None
+    alignment = None
+    if uses_alignment:
+        # Sharded engines gather their weights in the model's own forward: the student must run whole there.
+        sharded_engine = accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+        alignment = AttentionAlignment(model, teacher, isolated=not sharded_engine)
 
     blocks = training_blocks(documents, tokenizer, data_args, accelerator)
     dataloader = DataLoader(blocks, batch_size=training.batch_size)
@@ -674,8 +723,8 @@ def train(config: RecipeConfig) -> dict:
                 with accelerator.accumulate(model):
                     # The alignment hooks stay on through backward, which may recompute activations.
                     with alignment.aligning() if name == "align" else nullcontext():
-                        if name == "align":
-                            loss = alignment.loss(model, teacher, batch)
+                        if name == "align":  # isolated, the loss comes back already backpropagated
+                            loss = alignment.loss(model, teacher, batch, accelerator)
                         elif name == "distill":
                             loss = distillation_loss(model, teacher, batch, training.distill_temperature)
                         else:
@@ -687,7 +736,8 @@ def train(config: RecipeConfig) -> dict:
                                 f"non-finite {name} loss at step {state.step + 1}; the last good state is saved in "
                                 f"{path}"
                             )
-                        accelerator.backward(loss)
+                        if loss.requires_grad:
+                            accelerator.backward(loss)
                     if accelerator.sync_gradients and training.max_grad_norm > 0:
                         accelerator.clip_grad_norm_(trainable_params, training.max_grad_norm)
                     optimizer.step()
