@@ -170,10 +170,54 @@ def _eval_mode(model: nn.Module) -> Iterator[torch.device]:
         model.train(was_training)
 
 
+# Positions whose logits are formed at once when scoring: a 32k-token window of a 128k vocabulary would otherwise hold
+# 16 GB of float32 logits.
+_LOGITS_CHUNK = 2048
+
+
+def _has_plain_head(model: nn.Module) -> bool:
+    """Whether `model`'s logits are `lm_head(decoder output)`, with no soft-capping or scaling after the head, so that
+    they can be formed a chunk of positions at a time."""
+    config = getattr(model, "config", None)
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None) not in (None, 1, 1.0):
+        return False
+    try:
+        return model.get_decoder() is not None and isinstance(model.get_output_embeddings(), nn.Linear)
+    except (AttributeError, NotImplementedError):
+        return False
+
+
 def _forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, device) -> torch.Tensor:
     """Logits of a right-padded batch; full batches of equal length get no mask."""
     mask = None if bool(attention_mask.all()) else attention_mask.to(device)
     return model(input_ids=input_ids.to(device), attention_mask=mask, use_cache=False).logits
+
+
+def _token_nll(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor, device
+) -> torch.Tensor:
+    """Negative log-likelihood `[B, T - 1]` of `targets` (the next token at each position, `IGNORE_INDEX` where not
+    scored) for a right-padded batch; full batches of equal length get no mask. Where the head allows it, the logits
+    are formed `_LOGITS_CHUNK` positions at a time (memory O(chunk x vocab), not O(T x vocab))."""
+    mask = None if bool(attention_mask.all()) else attention_mask.to(device)
+    input_ids, targets = input_ids.to(device), targets.to(device)
+
+    def nll(logits, chunk_targets):
+        return F.cross_entropy(
+            logits.transpose(1, 2).float(), chunk_targets, ignore_index=IGNORE_INDEX, reduction="none"
+        )
+
+    if not _has_plain_head(model):
+        return nll(model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits[:, :-1], targets)
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state[:, :-1]
+    head = model.get_output_embeddings()
+    return torch.cat(
+        [
+            nll(head(hidden[:, start : start + _LOGITS_CHUNK]), targets[:, start : start + _LOGITS_CHUNK])
+            for start in range(0, hidden.shape[1], _LOGITS_CHUNK)
+        ],
+        dim=1,
+    )
 
 
 @torch.no_grad()
@@ -193,11 +237,8 @@ def score_windows(
     batches = _progress(_batches(windows, batch_size), math.ceil(len(windows) / batch_size), "perplexity", progress)
     with _eval_mode(model) as device:
         for input_ids, attention_mask, labels in batches:
-            logits = _forward(model, input_ids, attention_mask, device)
-            targets = labels[:, 1:].to(device)
-            nll = F.cross_entropy(
-                logits[:, :-1].transpose(1, 2).float(), targets, ignore_index=IGNORE_INDEX, reduction="none"
-            )  # [B, T-1]: the token at position t+1 of its window
+            targets = labels[:, 1:]
+            nll = _token_nll(model, input_ids, attention_mask, targets, device)  # [B, T-1]: position t+1's token
             width = nll.shape[1]
             position_nll[1 : width + 1] += nll.sum(0).double().cpu()
             position_tokens[1 : width + 1] += (targets != IGNORE_INDEX).sum(0).cpu()

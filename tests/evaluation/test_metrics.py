@@ -98,3 +98,24 @@ def test_rope_scaling_swaps_and_restores(llama):
     with pytest.raises(ValueError, match="unknown RoPE scaling 'ntk'"):
         with rope_scaling(llama, "ntk", 2.0):
             pass
+
+
+@pytest.mark.parametrize("kind", ["llama", "path"])
+def test_logits_formed_a_chunk_at_a_time_score_what_the_whole_logits_score(checkpoints, kind, monkeypatch):
+    """Long windows form their logits a few positions at a time; the per-token scores are those of one forward."""
+    from path_hf import evaluation
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoints[kind]).eval()
+    ids = torch.randint(0, model.config.vocab_size, (3, 23), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 17:] = 0  # a right-padded row
+    targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, IGNORE_INDEX)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+    expected = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none")
+    assert evaluation._has_plain_head(model)
+    monkeypatch.setattr(evaluation, "_LOGITS_CHUNK", 5)
+    with torch.no_grad():
+        chunked = evaluation._token_nll(model, ids, mask, targets, "cpu")
+    torch.testing.assert_close(chunked, expected, rtol=1e-5, atol=1e-5)
+    assert (chunked[1, 16:] == 0).all() and (chunked[0] > 0).all()
