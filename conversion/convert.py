@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from huggingface_hub import snapshot_download
@@ -54,6 +55,9 @@ from .io import (
 )
 from .options import ConvertOptions, format_layers
 
+if TYPE_CHECKING:
+    from .gguf import GGUFCheckpoint
+
 # Files of a source directory that are not carried over as they are: weights, and what the converter writes.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx")
 _REPLACED_FILES = (CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME, "README.md")
@@ -61,7 +65,7 @@ _REPLACED_FILES = (CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME,
 _DISK_MARGIN = 256 * 2**20
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 # Options that do not shape the output (the source is recorded on its own), left out of `path_conversion`.
-_UNRECORDED_OPTIONS = ("source", "output", "revision", "dry_run", "verify", "force", "debug")
+_UNRECORDED_OPTIONS = ("source", "output", "revision", "gguf_file", "dry_run", "verify", "force", "debug")
 
 
 def layer_seed(seed: int, layer_idx: int) -> int:
@@ -79,15 +83,17 @@ def package_version() -> str:
 
 @dataclass(frozen=True)
 class Source:
-    """A source checkpoint on disk: a local directory, or the snapshot of a hub repository in the cache."""
+    """A source checkpoint on disk: a local directory, the snapshot of a hub repository in the cache, or a GGUF file
+    materialised as a checkpoint in a temporary directory (`conversion.gguf`)."""
 
     path: Path
     repo_id: str | None = None
     revision: str | None = None  # the snapshot's commit
+    gguf: GGUFCheckpoint | None = None
 
     @property
     def name(self) -> str:
-        return self.repo_id or str(self.path)
+        return self.repo_id or str(self.gguf.file.path if self.gguf else self.path)
 
 
 def _download(repo_id: str, revision: str | None, **patterns) -> Path:
@@ -107,7 +113,9 @@ def resolve_source(source: str, revision: str | None) -> Source:
             raise ConversionError(f"--revision applies to hub ids, but {source} is a local directory.")
         return Source(path.resolve())
     if path.exists():
-        raise ConversionError(f"{source} is a file; SRC must be a checkpoint directory or a hub id.")
+        if path.suffix.lower() == ".gguf":  # `convert` materialises it first
+            raise ConversionError(f"{source} is a GGUF file: plan it inside `conversion.gguf.gguf_source(options)`.")
+        raise ConversionError(f"{source} is a file; SRC must be a checkpoint directory, a .gguf file or a hub id.")
     ignore = [f"*{suffix}" for suffix in _WEIGHT_SUFFIXES] + ["*/*"]  # top-level files only
     snapshot = _download(source, revision, ignore_patterns=ignore)
     return Source(snapshot, repo_id=source, revision=snapshot.name)
@@ -171,9 +179,10 @@ class ConversionPlan:
         path_layers = config.path_layers if config.path_layers is not None else range(config.num_hidden_layers)
         added_names = sorted({re.sub(r"^model\.layers\.\d+\.self_attn\.", "", tensor.name) for tensor in added})
         revision = f" @ {self.source.revision}" if self.source.revision else ""
+        gguf = f" ({self.source.gguf.describe()})" if self.source.gguf else ""
         dtype = str(config.dtype).removeprefix("torch.")
         lines = [
-            f"source:       {self.source.name}{revision}",
+            f"source:       {self.source.name}{revision}{gguf}",
             f"architecture: {self.architecture.name}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
             f"{config.num_attention_heads} heads ({config.num_key_value_heads} kv), head dim {config.head_dim}, "
             f"{'tied' if config.tie_word_embeddings else 'untied'} embeddings",
@@ -257,13 +266,14 @@ def init_new_parameters(config: PaTHLlamaConfig, layer_idx: int, seed: int) -> d
     return {name: param.detach() for name, param in new_modules.named_parameters()}
 
 
-def plan_conversion(options: ConvertOptions) -> ConversionPlan:
+def plan_conversion(options: ConvertOptions, source: Source | None = None) -> ConversionPlan:
     """Check the source and the options, and lay out the output; reads configs and shard headers, no tensor data.
+    `source`: the source already resolved (a GGUF materialised by `conversion.gguf.gguf_source`).
 
     Raises `ConversionError` for anything the converter refuses.
     """
     output = Path(options.output).expanduser()
-    source = resolve_source(options.source, options.revision)
+    source = source or resolve_source(options.source, options.revision)
     check_destination(output, source.path, options.force)
 
     config_file = source.path / CONFIG_NAME
@@ -283,7 +293,7 @@ def plan_conversion(options: ConvertOptions) -> ConversionPlan:
         )
 
     fetch_weights(source)
-    weights = SourceWeights.from_directory(source.path)
+    weights = source.gguf.weights if source.gguf else SourceWeights.from_directory(source.path)
     config = path_config_from(
         source_config,
         architecture,
@@ -296,6 +306,7 @@ def plan_conversion(options: ConvertOptions) -> ConversionPlan:
         path_conversion={
             "source": source.name,
             "revision": source.revision,
+            **({"gguf": source.gguf.record()} if source.gguf else {}),
             "options": {k: v for k, v in asdict(options).items() if k not in _UNRECORDED_OPTIONS},
             "path_hf_version": package_version(),
         },
@@ -389,7 +400,10 @@ def model_card(plan: ConversionPlan) -> str:
     revision = f" (revision `{source.revision}`)" if source.revision else ""
     base_model = f"base_model: {source.repo_id}\n" if source.repo_id else ""
     source_named = f"[{source.repo_id}](https://huggingface.co/{source.repo_id})" if source.repo_id else "a checkpoint"
-    if plan.options.dtype is None:
+    if source.gguf:
+        source_named = f"the GGUF file `{source.gguf.file.path.name}`"
+        copied = f"Every weight is copied as transformers reads it from the GGUF ({source.gguf.describe()})."
+    elif plan.options.dtype is None:
         copied = "Every weight of the source is copied unchanged: same name, dtype and bytes."
     else:
         copied = f"Every weight of the source is copied under its own name, cast to {plan.options.dtype}."
@@ -485,21 +499,25 @@ def atomic_directory(output: Path) -> Iterator[Path]:
 
 def convert(options: ConvertOptions) -> ConversionPlan:
     """Run `path-hf convert`: plan, print the plan, and (unless `--dry-run`) write and optionally verify the
-    converted checkpoint, atomically."""
-    plan = plan_conversion(options)
-    print(plan.describe(), flush=True)
-    if options.dry_run:
-        return plan
-    with atomic_directory(Path(options.output).expanduser()) as staging:
-        start = time.perf_counter()
-        write_conversion(plan, staging)
-        seconds = time.perf_counter() - start
-        if options.verify:
-            from .verify import verify_conversion  # builds models: only imported when asked for
+    converted checkpoint, atomically. A GGUF source is materialised first, beside the destination, and removed at
+    the end whatever happens."""
+    from .gguf import gguf_source  # reads GGUF files: imports convert
 
-            verify_conversion(plan, staging)
-    output = Path(options.output).expanduser().resolve()
-    print(f"wrote {output} ({_size(plan.bytes_to_write)} in {seconds:.1f} s)", flush=True)
+    with gguf_source(options) as source:
+        plan = plan_conversion(options, source)
+        print(plan.describe(), flush=True)
+        if options.dry_run:
+            return plan
+        with atomic_directory(Path(options.output).expanduser()) as staging:
+            start = time.perf_counter()
+            write_conversion(plan, staging)
+            seconds = time.perf_counter() - start
+            if options.verify:
+                from .verify import verify_conversion  # builds models: only imported when asked for
+
+                verify_conversion(plan, staging)
+        output = Path(options.output).expanduser().resolve()
+        print(f"wrote {output} ({_size(plan.bytes_to_write)} in {seconds:.1f} s)", flush=True)
     return plan
 
 

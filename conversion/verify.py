@@ -3,13 +3,23 @@
 
 With RoPE kept and every Householder transform at the identity (all `bt_proj` / `g_proj` gains 0, whatever
 `--init` chose), a PaTH layer computes what the source layer computed, so the logits must agree to rounding: any
-larger difference is a weight that went to the wrong place. Both models run with their decoder layers streamed
-from the checkpoint files (a layer's weights are loaded just before it runs and dropped after), so memory holds
-the embeddings and one layer whatever the model size.
+larger difference is a weight that went to the wrong place.
+
+Both models run in float64, RMSNorms included, so that rounding (~1e-14) stays far below any real difference
+however deep and wide the model: in float32 the PaTH layer's chunked attention and the source's SDPA, summing in
+other orders, drift apart by 4e-5 to 7e-5 over SmolLM2's 30 layers already. The difference is measured relative
+to the spread of the source's logits, `max |logits - source logits| / std(source logits)`, so the limit means the
+same for every model. A failure names the first output that differs (the input embeddings, a layer's, the final
+norm's, or the logits), which points at the wrong tensor.
+
+Memory stays bounded whatever the model size: decoder layers are streamed from the checkpoint files (a layer's
+weights are loaded just before it runs and dropped after), the input embeddings are gathered row by row for the
+tokens used, and the head is applied in blocks of vocabulary rows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from functools import partial
@@ -20,64 +30,109 @@ import torch.nn.functional as F
 from accelerate import init_empty_weights
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.mistral.modeling_mistral import MistralRMSNorm
+from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from path_hf.modeling_path_llama import PaTHBetaProjection, PaTHForgetGateProjection
 
 from .convert import ConversionPlan
 from .errors import ConversionError
-from .io import SourceReader, SourceWeights
+from .io import SourceReader, SourceTensor, SourceWeights
 from .options import VERIFY_TOLERANCE
 
 TEXT_FILE = Path(__file__).with_name("verify_text.txt")
 MAX_TOKENS = 256
+DTYPE = torch.float64
+# The rows of the head multiplied at once: 64 MiB of them.
+_HEAD_BLOCK_BYTES = 2**26
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+# The RMSNorms of the architectures the converter reads (PaTHLlama's is Llama's). They normalise in float32 whatever
+# the input's dtype: a rounding to 6e-8 that the layers amplify (1e-12 noise on SmolLM2's embeddings then moves its
+# logits by 2e-6 of their std), so `streamed_logits` runs them in the model's dtype.
+_RMS_NORMS = (LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm)
+
+# `load(name, rows)`: a tensor, or rows `start:stop` of it, in the dtype the model runs in.
+Loader = Callable[[str, slice | None], torch.Tensor]
+# `observe(stage, hidden_states)`: called with the input embeddings, each decoder layer's output and the final norm's.
+Observer = Callable[[str, torch.Tensor], None]
 
 
 class CheckpointTensors:
-    """`name -> float32 tensor` from a checkpoint's files, one file open at a time, remembering what was read.
+    """`load(name, rows)` from a checkpoint's files, one file open at a time, remembering what was read.
 
-    `round_to` gives a tensor the dtype it has after conversion before it is widened to float32, so that a source
-    compared with a `--dtype`-cast output differs only by what the conversion is meant to change.
+    Returns `dtype` tensors. `round_to` gives a tensor the dtype it has after conversion before it is widened, so
+    that a source compared with a `--dtype`-cast output differs only by what the conversion is meant to change.
     """
 
-    def __init__(self, weights: SourceWeights, round_to: dict[str, torch.dtype] | None = None):
+    def __init__(
+        self, weights: SourceWeights, round_to: dict[str, torch.dtype] | None = None, dtype: torch.dtype = DTYPE
+    ):
         self._tensors = {tensor.name: tensor for tensor in weights.tensors}
         self._round_to = round_to or {}
+        self._dtype = dtype
         self._reader = SourceReader()
         self.used: set[str] = set()
 
-    def __call__(self, name: str) -> torch.Tensor:
+    def __call__(self, name: str, rows: slice | None = None) -> torch.Tensor:
         if name not in self._tensors:
             raise ConversionError(f"verification failed: the model has a parameter {name!r} the checkpoint lacks.")
         self.used.add(name)
-        tensor = self._reader.tensor(self._tensors[name])
-        return tensor.to(self._round_to.get(name, tensor.dtype)).float()
+        tensor = self._tensors[name]
+        if rows is not None:
+            start, stop, _ = rows.indices(tensor.shape[0])
+        # Allocated before the data is read: the read buffer, freed first, then leaves no hole in glibc's heap,
+        # which would otherwise grow by tens of MB per layer.
+        widened = torch.empty(tensor.shape if rows is None else (stop - start, *tensor.shape[1:]), dtype=self._dtype)
+        data = self._reader.tensor(tensor) if rows is None else self._read_rows(tensor, start, stop)
+        return widened.copy_(data.to(self._round_to.get(name, data.dtype)))
+
+    def _read_rows(self, tensor: SourceTensor, start: int, stop: int) -> torch.Tensor:
+        if tensor.offset is None:  # a `.bin` file, memory-mapped
+            return self._reader.tensor(tensor)[start:stop]
+        row_bytes = tensor.nbytes // tensor.shape[0]
+        rows = dataclasses.replace(
+            tensor, shape=(stop - start, *tensor.shape[1:]), offset=tensor.offset + start * row_bytes
+        )
+        return self._reader.tensor(rows)  # only these rows are read from the file
 
     @property
     def unused(self) -> set[str]:
         return set(self._tensors) - self.used
 
 
+def _parameter_name(model: nn.Module, module: nn.Module) -> str:
+    return next(name for name, candidate in model.named_modules() if candidate is module) + ".weight"
+
+
 def streamed_logits(
     config: PretrainedConfig,
-    load: Callable[[str], torch.Tensor],
+    load: Loader,
     input_ids: torch.Tensor,
     prepare_layer: Callable[[nn.Module], None] | None = None,
+    observe: Observer | None = None,
+    dtype: torch.dtype = DTYPE,
 ) -> torch.Tensor:
-    """Float32 logits of the causal LM `config` describes, with weights from `load(name)`, holding the embeddings
-    and one decoder layer at a time; `prepare_layer` edits each layer once its weights are loaded."""
+    """`dtype` logits `[1, T, vocab]` of the causal LM `config` describes, with weights from `load`, holding one
+    decoder layer at a time, the embedding rows of `input_ids` and a block of the head, and running the RMSNorms in
+    `dtype` too; `prepare_layer` edits each layer once its weights are loaded, `observe` sees the hidden states
+    between the stages."""
     with init_empty_weights(include_buffers=False):  # parameters on the meta device, RoPE buffers computed
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.eval()
-    tied = config.tie_word_embeddings
+    for module in model.modules():
+        if isinstance(module, _RMS_NORMS):
+            module.forward = partial(_rms_norm, module)
+    embeddings_name = _parameter_name(model, model.get_input_embeddings())
+    output_name = _parameter_name(model, model.get_output_embeddings())
+    head_name = embeddings_name if config.tie_word_embeddings else output_name
     resident = [
         name
         for name in model.state_dict()
-        if not name.startswith("model.layers.") and not (tied and name == "lm_head.weight")
+        if not name.startswith("model.layers.") and name not in (embeddings_name, output_name)
     ]
     model.load_state_dict({name: load(name) for name in resident}, strict=False, assign=True)
-    if tied:
-        model.get_output_embeddings().weight = model.get_input_embeddings().weight
 
     def load_layer(layer_idx: int, layer: nn.Module, args) -> None:
         prefix = f"model.layers.{layer_idx}."
@@ -85,17 +140,41 @@ def streamed_logits(
         if prepare_layer is not None:
             prepare_layer(layer)
 
-    def drop_layer(layer: nn.Module, args, output) -> None:
+    def drop_layer(layer_idx: int, layer: nn.Module, args, output: torch.Tensor) -> None:
         layer.to("meta")
+        if observe is not None:
+            observe(f"layer {layer_idx}'s output", output)
 
     for layer_idx, layer in enumerate(model.model.layers):
         layer.register_forward_pre_hook(partial(load_layer, layer_idx))
-        layer.register_forward_hook(drop_layer)
+        layer.register_forward_hook(partial(drop_layer, layer_idx))
     with torch.no_grad():
-        return model(input_ids).logits.float()
+        inputs_embeds = torch.cat([load(embeddings_name, slice(i, i + 1)) for i in input_ids[0].tolist()])[None]
+        if observe is not None:
+            observe("the input embeddings", inputs_embeds)
+        hidden_states = model.model(inputs_embeds=inputs_embeds, use_cache=False).last_hidden_state
+        if observe is not None:
+            observe("the final norm's output", hidden_states)
+        block = max(1, _HEAD_BLOCK_BYTES // (config.hidden_size * dtype.itemsize))
+        logits = hidden_states.new_empty(*hidden_states.shape[:2], config.vocab_size)
+        for start in range(0, config.vocab_size, block):
+            logits[..., start : start + block] = hidden_states @ load(head_name, slice(start, start + block)).T
+        return logits
 
 
-def _identity_transforms(layer: nn.Module) -> None:
+def _rms_norm(norm: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """transformers' RMSNorm, computed in the input's dtype."""
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return norm.weight * (hidden_states * torch.rsqrt(variance + norm.variance_epsilon))
+
+
+def relative_difference(output: torch.Tensor, reference: torch.Tensor) -> float:
+    """`max |output - reference| / std(reference)`: what `--verify` compares with `VERIFY_TOLERANCE`."""
+    return ((output - reference).abs().max() / reference.std()).item()
+
+
+def identity_transforms(layer: nn.Module) -> None:
+    """Set every Householder transform of `layer` to the identity (and every forget gate to 1)."""
     for module in layer.modules():
         if isinstance(module, (PaTHBetaProjection, PaTHForgetGateProjection)):
             module.gain.data.zero_()  # beta = 0: H_t = I; g = 0: forget gate 1
@@ -118,42 +197,58 @@ def verification_input(source_dir: Path, vocab_size: int) -> tuple[torch.Tensor,
 
 
 def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
-    """Check the conversion written to `directory` against its source; returns the max abs logit difference.
+    """Check the conversion written to `directory` against its source; returns the logits' relative difference
+    (`relative_difference`).
 
     Prints the difference and the perplexity of both models on the built-in text. Raises `ConversionError` when
-    the difference exceeds `VERIFY_TOLERANCE`, or when the checkpoint and the model disagree about a tensor.
+    the difference exceeds `VERIFY_TOLERANCE` (naming the first stage whose output differs), or when the checkpoint
+    and the model disagree about a tensor.
     """
     input_ids, is_text = verification_input(plan.source.path, plan.config.vocab_size)
-    print(f"verify: running the source and the converted model on {input_ids.shape[1]} tokens", flush=True)
+    print(f"verify: running the source and the converted model on {input_ids.shape[1]} tokens in float64", flush=True)
     round_to = {tensor.source.name: tensor.dtype for tensor in plan.tensors if tensor.source is not None}
+    source_stages: dict[str, torch.Tensor] = {}
     source_logits = streamed_logits(
-        AutoConfig.from_pretrained(plan.source.path), CheckpointTensors(plan.weights, round_to), input_ids
+        AutoConfig.from_pretrained(plan.source.path),
+        CheckpointTensors(plan.weights, round_to),
+        input_ids,
+        observe=source_stages.__setitem__,
     )
+
+    differing: list[str] = []  # the stages whose output differs from the source's, in order
+
+    def compare(stage: str, hidden_states: torch.Tensor) -> None:
+        if not relative_difference(hidden_states, source_stages.pop(stage)) <= VERIFY_TOLERANCE:
+            differing.append(stage)
 
     converted = CheckpointTensors(SourceWeights.from_directory(directory))
     config = AutoConfig.from_pretrained(directory)
     identity_config = AutoConfig.from_pretrained(directory, rope_mode="keep")
-    identity_logits = streamed_logits(identity_config, converted, input_ids, prepare_layer=_identity_transforms)
+    identity_logits = streamed_logits(
+        identity_config, converted, input_ids, prepare_layer=identity_transforms, observe=compare
+    )
     if converted.unused:
         raise ConversionError(
             f"verification failed: the converted checkpoint holds tensors the model does not use, e.g. "
             f"{sorted(converted.unused)[0]!r}."
         )
-    max_diff = (identity_logits - source_logits).abs().max().item()
+    difference = relative_difference(identity_logits, source_logits)
     print(
-        f"verify: max |logits - source logits| = {max_diff:.3g} with RoPE kept and the transforms at identity "
-        f"(limit {VERIFY_TOLERANCE:g})",
+        f"verify: max |logits - source logits| / std(source logits) = {difference:.3g} in float64, with RoPE kept "
+        f"and the transforms at identity (limit {VERIFY_TOLERANCE:g})",
         flush=True,
     )
-    if not max_diff <= VERIFY_TOLERANCE:
+    if not difference <= VERIFY_TOLERANCE:
+        first = differing[0] if differing else "the logits (the head)"
         raise ConversionError(
-            f"verification failed: the converted model's logits differ from the source's by {max_diff:.3g} "
-            f"(> {VERIFY_TOLERANCE:g}) with the transforms at identity; the weight mapping is wrong."
+            f"verification failed: the converted model's logits differ from the source's by {difference:.3g} x "
+            f"their std (limit {VERIFY_TOLERANCE:g}; float64, RoPE kept, transforms at identity), first at {first}: "
+            "the weight mapping is wrong."
         )
 
     if not is_text:
         print("verify: the source has no tokenizer; perplexity skipped", flush=True)
-        return max_diff
+        return difference
     same_model = config.rope_mode == "keep" and config.path_init == "identity"
     converted_logits = identity_logits if same_model else streamed_logits(config, converted, input_ids)
     print(
@@ -161,7 +256,14 @@ def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
         f"{_perplexity(converted_logits, input_ids):.3f} (rope {config.rope_mode}, init {config.path_init})",
         flush=True,
     )
-    return max_diff
+    return difference
 
 
-__all__ = ["CheckpointTensors", "streamed_logits", "verification_input", "verify_conversion"]
+__all__ = [
+    "CheckpointTensors",
+    "identity_transforms",
+    "relative_difference",
+    "streamed_logits",
+    "verification_input",
+    "verify_conversion",
+]
