@@ -7,8 +7,9 @@ path-hf eval --model source=meta-llama/Llama-3.2-1B --model yarn=meta-llama/Llam
     --output eval.json --plot eval.png
 ```
 
-A model is `[LABEL=]PATH[@ROPE[:FACTOR]]`: any checkpoint `AutoModelForCausalLM.from_pretrained` loads, evaluated
-as it is or, with `@yarn`, `@dynamic` or `@linear`, with transformers' RoPE scaling of that type swapped in (see
+A model is `[LABEL=]PATH[@ROPE[:FACTOR]]`: any checkpoint `AutoModelForCausalLM.from_pretrained` loads, or a
+llama.cpp GGUF file (read by transformers and dequantised whole to `--dtype`, `conversion.loading`), evaluated as it
+is or, with `@yarn`, `@dynamic` or `@linear`, with transformers' RoPE scaling of that type swapped in (see
 `path_hf.evaluation.rope_scaling`). Without a FACTOR, YaRN and linear use `length / train length` at each length (no
 scaling at or below the training length) and dynamic NTK uses 1 (it rescales by the sequence length itself).
 
@@ -30,7 +31,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import EvaluationError
+from .errors import ConversionError, EvaluationError
 from .options import argument_type
 
 _ROPE_SUFFIX = re.compile(r"@(linear|dynamic|yarn)(?::(\d+(?:\.\d+)?))?$")
@@ -129,8 +130,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         type=argument_type(ModelSpec.parse),
         metavar="[LABEL=]PATH[@ROPE[:F]]",
-        help="a checkpoint (directory or hub id); repeat to compare models. @yarn, @dynamic or @linear evaluate it "
-        "with that RoPE scaling (factor F; default: length / train length for yarn and linear, 1 for dynamic)",
+        help="a checkpoint (directory, hub id or llama.cpp .gguf file); repeat to compare models. @yarn, @dynamic or "
+        "@linear evaluate it with that RoPE scaling (factor F; default: length / train length for yarn and linear, "
+        "1 for dynamic)",
     )
     parser.add_argument(
         "--data", nargs="+", required=True, metavar="FILE", help=".txt, .jsonl or .parquet files (may be compressed)"
@@ -194,22 +196,39 @@ def _train_length(config, given: int | None) -> int | None:
     return rope.get("original_max_position_embeddings") or getattr(config, "max_position_embeddings", None)
 
 
-def evaluate_model(spec: ModelSpec, options: EvalOptions, texts: list[str]) -> dict:
-    """Load one model and measure it at every length; returns its JSON record."""
+def scaling_is_identity(rope_scaling: str, factor: float, length: int, train_length: int) -> bool:
+    """Whether transformers' RoPE scaling `rope_scaling` with `factor` computes the unscaled RoPE at `length`: YaRN and
+    linear with factor 1, and dynamic NTK up to the training length (it rescales only longer sequences)."""
+    if rope_scaling == "dynamic":
+        return length <= train_length
+    return factor == 1.0
+
+
+def evaluate_model(
+    spec: ModelSpec, options: EvalOptions, texts: list[str], unscaled: dict[str, dict] | None = None
+) -> dict:
+    """Load one model and measure it at every length; returns its JSON record.
+
+    `unscaled`: the record of the same checkpoint evaluated without RoPE scaling in this run, if any. At the lengths
+    where this spec's scaling is the identity, its entries are taken from there (marked `same_as_unscaled`) instead of
+    being computed again."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import path_hf  # noqa: F401  (registers PaTHLlama with the Auto classes)
     from path_hf.evaluation import make_windows, passkey_accuracy, rope_scaling, score_windows, tokenize_stream
 
+    from .loading import load_causal_lm, load_tokenizer
+
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(spec.path, trust_remote_code=options.trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
-            spec.path, dtype=getattr(torch, options.dtype), trust_remote_code=options.trust_remote_code
+        tokenizer = load_tokenizer(spec.path, trust_remote_code=options.trust_remote_code)
+        model = load_causal_lm(
+            spec.path, getattr(torch, options.dtype), trust_remote_code=options.trust_remote_code
         ).to(device)
     except (OSError, ValueError) as error:
         raise EvaluationError(f"--model {spec.path}: cannot load it ({str(error).strip().splitlines()[0]})") from error
+    except ConversionError as error:  # a GGUF that cannot be read
+        raise EvaluationError(f"--model {spec.path}: {error}") from error
     train_length = _train_length(model.config, options.train_length)
     if spec.rope_scaling and not train_length:
         raise EvaluationError(f"--model {spec.label}: RoPE scaling needs the training length: pass --train-length")
@@ -232,6 +251,16 @@ def evaluate_model(spec: ModelSpec, options: EvalOptions, texts: list[str]) -> d
         factor = spec.rope_factor
         if spec.rope_scaling and factor is None:
             factor = 1.0 if spec.rope_scaling == "dynamic" else max(1.0, length / train_length)
+        if (
+            unscaled is not None
+            and spec.rope_scaling
+            and str(length) in unscaled["lengths"]
+            and scaling_is_identity(spec.rope_scaling, factor, length, train_length)
+        ):
+            entry = {**unscaled["lengths"][str(length)], "rope_factor": factor, "same_as_unscaled": True}
+            record["lengths"][str(length)] = entry
+            print(f"{spec.label:>24}  {length:>6}  ppl {entry['ppl']:9.3f}  (the unscaled model's)", file=sys.stderr)
+            continue
         try:
             scaled = rope_scaling(model, spec.rope_scaling, factor, train_length) if spec.rope_scaling else None
         except ValueError as error:
@@ -334,7 +363,15 @@ def run_eval(options: EvalOptions) -> dict:
         "models": {},
     }
     for spec in options.models:
-        report["models"][spec.label] = evaluate_model(spec, options, texts) | {"spec": asdict(spec)}
+        unscaled = next(
+            (
+                record
+                for record in report["models"].values()
+                if record["path"] == spec.path and record["rope_scaling"] is None
+            ),
+            None,
+        )
+        report["models"][spec.label] = evaluate_model(spec, options, texts, unscaled) | {"spec": asdict(spec)}
     train_lengths = {record["train_length"] for record in report["models"].values()}
     report["train_length"] = train_lengths.pop() if len(train_lengths) == 1 else None
     print(format_table(report))

@@ -117,6 +117,31 @@ def test_rope_scaling_is_transformers_own(kind, rope_type, checkpoints, tokenize
         assert models["scaled"]["lengths"]["32"]["ppl"] == pytest.approx(models["plain"]["lengths"]["32"]["ppl"])
 
 
+@pytest.mark.parametrize("rope_type", ["yarn", "dynamic"])
+def test_scaling_that_is_the_identity_reuses_the_unscaled_model(rope_type, checkpoints, tokenizer, tmp_path):
+    """Where YaRN (factor 1) or dynamic NTK (up to the training length) is the identity, the unscaled model's entry
+    of the same run is reused, not recomputed; beyond it the scaled model is evaluated (as transformers builds it)."""
+    output = tmp_path / "eval.json"
+    code = run_eval(
+        "--model", f"plain={checkpoints['llama']}", "--model", f"scaled={checkpoints['llama']}@{rope_type}",
+        "--lengths", "32,64,128", "--max-tokens", 128, "--passkey-trials", 0, "--output", output,
+    )  # fmt: skip
+    assert code == 0
+    models = json.loads(output.read_text())["models"]
+    plain, scaled = models["plain"]["lengths"], models["scaled"]["lengths"]
+    assert TRAIN_LENGTH == 32
+    assert scaled["32"]["same_as_unscaled"] and scaled["32"]["ppl"] == plain["32"]["ppl"]
+    assert "same_as_unscaled" not in scaled["64"] and "same_as_unscaled" not in scaled["128"]
+    theta = AutoConfig.from_pretrained(checkpoints["llama"]).rope_parameters["rope_theta"]
+    factor = 1.0 if rope_type == "dynamic" else 128 / TRAIN_LENGTH
+    parameters = {"rope_type": rope_type, "rope_theta": theta, "factor": factor}
+    if rope_type == "yarn":
+        parameters["original_max_position_embeddings"] = TRAIN_LENGTH
+    reference = AutoModelForCausalLM.from_pretrained(checkpoints["llama"], rope_parameters=parameters).eval()
+    assert scaled["128"]["ppl"] == pytest.approx(direct_ppl(reference, stream_of(tokenizer, 128), 128), rel=1e-5)
+    assert scaled["128"]["ppl"] != pytest.approx(plain["128"]["ppl"])
+
+
 def test_several_models_a_plot_and_passkey(checkpoints, tmp_path, capsys):
     output, plot = tmp_path / "eval.json", tmp_path / "eval.png"
     code = run_eval(
