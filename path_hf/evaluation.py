@@ -306,16 +306,29 @@ def data_files(files: Sequence[str | Path]) -> tuple[str, dict]:
     return builder, {"data_files": files, **kwargs}
 
 
-def read_texts(files: Sequence[str | Path], text_field: str = "text") -> list[str]:
-    """The non-empty documents of local `files` (see `data_files`), in order; `text_field` names the column of
-    JSON / parquet records."""
-    from datasets import load_dataset
+def load_texts(files: Sequence[str | Path], text_field: str = "text", streaming: bool = False):
+    """The documents of local `files` (see `data_files`) as a `datasets` dataset (an `IterableDataset` if
+    `streaming`) with the one column `text_field`, empty documents left out, in file order. Each file is read on its
+    own, so files whose records carry different other fields mix. Raises `ValueError` naming a file without the
+    column."""
+    from datasets import concatenate_datasets, load_dataset
 
     builder, kwargs = data_files(files)
-    dataset = load_dataset(builder, split="train", **kwargs)
-    if text_field not in dataset.column_names:
-        raise ValueError(f"the data has no column {text_field!r} (columns: {dataset.column_names}): set text_field")
-    return [text for text in dataset[text_field] if text and text.strip()]
+    parts = []
+    for file in kwargs.pop("data_files"):
+        dataset = load_dataset(builder, data_files=[file], split="train", streaming=streaming, **kwargs)
+        columns = dataset.column_names
+        if columns is not None and text_field not in columns:
+            raise ValueError(f"{file} has no column {text_field!r} (columns: {columns}): set the text field")
+        parts.append(dataset.select_columns([text_field]))
+    texts = parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+    return texts.filter(lambda row: bool(row[text_field] and row[text_field].strip()))
+
+
+def read_texts(files: Sequence[str | Path], text_field: str = "text") -> list[str]:
+    """The non-empty documents of local `files` (see `load_texts`), in order; `text_field` names the column of
+    JSON / parquet records."""
+    return list(load_texts(files, text_field)[text_field])
 
 
 def tokenize_stream(texts: Iterable[str], tokenizer, max_tokens: int | None = None) -> list[int]:

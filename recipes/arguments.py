@@ -39,14 +39,16 @@ class ModelArguments:
     path: str = field(
         metadata=_help(
             "the model to recover: a converted PaTH checkpoint (model_type path_llama), or a RoPE Llama/Qwen source "
-            "that is converted on the fly with `convert` into <output_dir>/converted"
+            "(checkpoint directory, hub id or llama.cpp .gguf file) that is converted on the fly with `convert` into "
+            "<output_dir>/converted"
         )
     )
     teacher: str | None = field(
         default=None,
         metadata=_help(
-            "the source RoPE model: the perplexity baseline and the teacher of the align and distill stages. Default: "
-            "`path` when it is a RoPE model, else the source recorded by the converter (config.path_conversion)"
+            "the source RoPE model (checkpoint directory, hub id or .gguf file): the perplexity baseline and the "
+            "teacher of the align and distill stages. Default: `path` when it is a RoPE model, else the source "
+            "recorded by the converter (config.path_conversion)"
         ),
     )
     convert: dict = field(

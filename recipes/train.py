@@ -49,7 +49,7 @@ from path_hf.evaluation import (
     IGNORE_INDEX,
     PerplexityResult,
     Window,
-    data_files,
+    load_texts,
     make_windows,
     score_windows,
     tokenize_stream,
@@ -72,7 +72,10 @@ def plan_models(config: RecipeConfig) -> ModelPlan:
     """Read the model configs and refuse what cannot train: a block longer than the model's positions, a teacher
     whose vocabulary differs, conversion options of the wrong kind. Loads no weights."""
     model_args = config.model
-    student_config = _load_config(model_args.path, "model.path")
+    # `convert.gguf_file` names the GGUF in a directory `path`: that file is the source (and default teacher).
+    gguf_file = model_args.convert.get("gguf_file")
+    source = str(Path(model_args.path) / gguf_file) if gguf_file else model_args.path
+    student_config = _load_config(source, "model.path")
     if student_config.model_type == PaTHLlamaConfig.model_type:
         if model_args.convert:
             raise RecipeError(f"model.convert is set but model.path {model_args.path} is already a PaTH checkpoint")
@@ -80,7 +83,7 @@ def plan_models(config: RecipeConfig) -> ModelPlan:
         student, convert_from, teacher = model_args.path, None, model_args.teacher or recorded.get("source")
     else:
         student = str(Path(config.training.output_dir) / "converted")
-        convert_from, teacher = model_args.path, model_args.teacher or model_args.path
+        convert_from, teacher = model_args.path, model_args.teacher or source
         conversion_options(model_args, student)  # checks the option names and values now
     limit = getattr(student_config, "max_position_embeddings", None)
     if limit is not None and config.data.block_size > limit:
@@ -199,10 +202,10 @@ def _in_path_module(name: str) -> bool:
 # Data: documents -> tokens -> fixed-length blocks, documents never attending to each other
 
 
-def _data_files(files: list[str], field_name: str) -> tuple[str, dict]:
-    """The `datasets` builder and its arguments for local files, all of one kind (`path_hf.evaluation.data_files`)."""
+def _load_texts(files: list[str], text_field: str, field_name: str, streaming: bool = False):
+    """The documents of local files, one `text_field` column (`path_hf.evaluation.load_texts`)."""
     try:
-        return data_files(files)
+        return load_texts(files, text_field, streaming)
     except (OSError, ValueError) as error:
         raise RecipeError(f"{field_name}: {error}") from error
 
@@ -211,17 +214,14 @@ def load_documents(data: DataArguments) -> tuple[Dataset | IterableDataset, list
     """The training documents, and the held-out evaluation texts, which never enter training."""
     if data.dataset:
         documents = load_dataset(data.dataset, data.dataset_config, split=data.dataset_split, streaming=data.streaming)
+        columns = documents.column_names
+        if columns is not None and data.text_field not in columns:
+            raise RecipeError(f"data.text_field {data.text_field!r} is not a column of the data (columns: {columns})")
+        documents = documents.select_columns([data.text_field]).filter(lambda row: bool(row[data.text_field].strip()))
     else:
-        builder, kwargs = _data_files(data.train_files, "data.train_files")
-        documents = load_dataset(builder, split="train", streaming=data.streaming, **kwargs)
-    columns = documents.column_names
-    if columns is not None and data.text_field not in columns:
-        raise RecipeError(f"data.text_field {data.text_field!r} is not a column of the data (columns: {columns})")
-    documents = documents.select_columns([data.text_field]).filter(lambda row: bool(row[data.text_field].strip()))
+        documents = _load_texts(data.train_files, data.text_field, "data.train_files", data.streaming)
     if data.eval_files:
-        builder, kwargs = _data_files(data.eval_files, "data.eval_files")
-        held_out = load_dataset(builder, split="train", **kwargs)[data.text_field]
-        eval_texts = [text for text in held_out if text.strip()]
+        eval_texts = list(_load_texts(data.eval_files, data.text_field, "data.eval_files")[data.text_field])
     else:
         eval_texts = [row[data.text_field] for row in documents.take(data.eval_documents)]
         documents = documents.skip(data.eval_documents)
@@ -389,7 +389,10 @@ class AttentionAlignment:
         losses = []
         for idx, attention in sorted(self.layers.items()):
             dtype = attention.q_proj.weight.dtype
-            self.outputs[idx] = attention(**self._recorded_input(idx, dtype), position_ids=batch["position_ids"])[0]
+            # The wrapped model's forward runs under the mixed-precision autocast; this call bypasses it: enter it.
+            with accelerator.autocast() if accelerator is not None else nullcontext():
+                output = attention(**self._recorded_input(idx, dtype), position_ids=batch["position_ids"])[0]
+            self.outputs[idx] = output
             loss = self._layer_loss(idx) / len(self.layers)
             if accelerator is not None:
                 accelerator.backward(loss)

@@ -28,7 +28,7 @@ def refuse(config, tmp_path, capsys, *overrides) -> str:
         (["model.convert.heads=2"], "unknown key model.convert.heads"),
         (["data.train_files=[missing.jsonl]"], "data.train_files: no such file(s): missing.jsonl"),
         (["data.block_size=1024"], "data.block_size 1024 is above the model's limit (max_position_embeddings=256)"),
-        (["data.text_field=body"], "data.text_field 'body' is not a column"),
+        (["data.text_field=body"], "lighthouse.jsonl has no column 'body'"),
         (["training.log_with=[mlflow]"], "training.log_with: unknown tracker"),
     ],
     ids=lambda value: value[0] if isinstance(value, list) else None,

@@ -330,6 +330,20 @@ def test_data_formats(tiny_source, tmp_path, kind):
     assert json.loads((out / "recovery.json").read_text())["final"]["tokens"] == 128
 
 
+def test_files_whose_records_carry_different_fields_mix(tiny_source, tmp_path):
+    """Only the text field is read from each file: JSONL files with other, different fields train together."""
+    texts = load_dataset("json", data_files=str(DATA), split="train")["text"]
+    files = []
+    for i, extra in enumerate(("title", "path")):
+        files.append(tmp_path / f"docs-{i}.jsonl")
+        files[-1].write_text("".join(json.dumps({extra: str(n), "text": text}) + "\n" for n, text in enumerate(texts)))
+    out = tmp_path / "run"
+    data = {"train_files": [str(file) for file in files]}
+    assert run_recipe(recipe_config(tiny_source, out, data=data), tmp_path) == 0
+    read = train.load_texts(files, "text")
+    assert read.column_names == ["text"] and list(read["text"]) == list(texts) * 2
+
+
 def test_lora_all_linear_never_wraps_the_path_projections(tiny_source, tmp_path):
     from conversion.convert import convert
     from conversion.options import ConvertOptions
@@ -351,3 +365,33 @@ def test_lora_all_linear_never_wraps_the_path_projections(tiny_source, tmp_path)
         train.select_trainable(
             model, train.TrainingArguments(output_dir=".", trainable="lora", lora_target_modules=["bt_proj"])
         )
+
+
+def test_isolated_alignment_runs_under_the_accelerators_mixed_precision(tmp_path):
+    """The isolated attentions bypass the wrapped model's forward, which is where accelerate enters autocast: the
+    align stage must enter it itself, or a bf16 run aligns in float32."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from conversion.convert import convert
+    from conversion.options import ConvertOptions
+
+    source = make_source(tmp_path / "source", "llama")
+    convert(ConvertOptions(source=str(source), output=str(tmp_path / "path"), rope="drop"))
+    teacher = AutoModelForCausalLM.from_pretrained(source).eval()
+    student = AutoModelForCausalLM.from_pretrained(tmp_path / "path")
+    alignment = train.AttentionAlignment(student, teacher)
+    seen = []
+    for attention in alignment.layers.values():
+        attention.register_forward_hook(lambda module, args, output: seen.append(torch.is_autocast_enabled("cpu")))
+    batch = {"input_ids": torch.randint(3, 200, (1, 16)), "position_ids": torch.arange(16)[None]}
+    try:
+        for precision in ("no", "bf16"):
+            AcceleratorState._reset_state(reset_partial_state=True)  # a process holds one accelerator state
+            accelerator = Accelerator(cpu=True, mixed_precision=precision)
+            with alignment.aligning():
+                alignment.loss(student, teacher, batch, accelerator)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    layers = len(alignment.layers)
+    assert seen == [False] * layers + [True] * layers
