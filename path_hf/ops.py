@@ -27,8 +27,10 @@ from torch.utils.checkpoint import checkpoint
 BACKENDS = ("auto", "torch", "fla")
 # Head dims FLA's Triton kernels are compiled for (fla/ops/path_attn/parallel.py).
 FLA_HEAD_DIMS = (16, 32, 64, 128)
-# Torch backend: block diagonals walked between two activation checkpoints when training.
+# Torch backend: block diagonals walked between two activation checkpoints when training, when the walk would keep
+# more than _CHECKPOINT_ABOVE_BYTES for backward (short sequences keep everything: no recomputation).
 _STEPS_PER_CHECKPOINT = 8
+_CHECKPOINT_ABOVE_BYTES = 32 * 2**20
 
 
 @cache
@@ -214,8 +216,9 @@ def naive_path_attention(
 #   P_n  = H_C ... H_1 = I - W^T U  (D x D)
 # and a query in chunk m scores a key in chunk n < m as  q~_i^T P_{m-1} ... P_{n+1} k~_j.
 # The inter-chunk part walks the block diagonals: at step d every query chunk m >= d meets key chunk m - d at once
-# (one batched matmul), then its running query is multiplied by P_{m-d}. A flash-attention style online softmax
-# keeps memory at O(T * (C + D)) per head, and Python loops over N chunks, not N^2 chunk pairs.
+# (one batched matmul), then every running key is moved through the next chunk's P (on the key side: a chunk has C
+# keys but G * C query rows under GQA). A flash-attention style online softmax keeps memory at O(T * (C + D)) per
+# head, and Python loops over N chunks, not N^2 chunk pairs.
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -322,7 +325,7 @@ def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, 
         gq, gk = gc.flatten(-2)[..., None], gc[..., None, :]
 
     # The walk folds the gate into its matmuls: the row of query head h carries (G_i, e_h) after its D columns and
-    # a key carries (1, -G_j per head), so q_run . k = q^T P k + G_i - G_j; P acts as the identity on the extras.
+    # a key carries (1, -G_j per head), so q . k_run = q^T P k + G_i - G_j; P acts as the identity on the extras.
     k_walk, p_walk = k_end, p
     if gq is not None:
         extra = 1 + G
@@ -360,10 +363,12 @@ def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, 
     # Without autograd, update the buffers in place (fewer memory passes).
     in_place = not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, w, beta, g)))
 
-    def walk(first: int, stop: int, acc, m, q_run):
+    def walk(first: int, stop: int, acc, m, k_run):
+        """Steps `first` to `stop - 1`. `k_run` holds key chunks n = 0 ... N - 1 - first moved to the start of query
+        chunk n + first: the keys carry the transforms (C rows a chunk, where the queries have G * C)."""
         finished = []
         for d in range(first, stop):
-            s = block_logits(q_run @ k_walk[: N - d].transpose(-1, -2), slice(d, N), slice(0, N - d), gated=False)
+            s = block_logits(q_start[d:] @ k_run.transpose(-1, -2), slice(d, N), slice(0, N - d), gated=False)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
             if in_place:
                 acc = acc.mul_(torch.exp(m - m_new)).add_(s.sub_(m_new).exp_() @ vc[: N - d])
@@ -371,18 +376,22 @@ def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, 
                 acc = acc * torch.exp(m - m_new) + torch.exp(s - m_new) @ vc[: N - d]
             finished.append(acc[:1])
             acc, m = acc[1:], m_new[1:]
-            if d < last_step:
-                q_run = q_run[1:] @ p_walk[1 : N - d]
-        return torch.cat(finished), acc, m, q_run
+            if d < last_step:  # key chunk n moves through P_{n+d}
+                k_run = k_run[:-1] @ p_walk[d : N - 1].transpose(-1, -2)
+        return torch.cat(finished), acc, m, k_run
 
+    # Backward keeps every step's softmax inputs unless they are large: then only the segment boundaries are kept
+    # and the steps recomputed, memory O(T * (C + D)).
+    saved_bytes = 3 * last_step * N / 2 * B * H * G * C * C * vc.element_size()
+    recompute = not in_place and saved_bytes > _CHECKPOINT_ABOVE_BYTES
     done = [acc[:1]]
-    state = (acc[1:], m[1:], q_start[1:])
+    state = (acc[1:], m[1:], k_walk[: N - 1])
     for first in range(1, last_step + 1, _STEPS_PER_CHECKPOINT):
         stop = min(first + _STEPS_PER_CHECKPOINT, last_step + 1)
-        if in_place:
-            finished, *state = walk(first, stop, *state)
-        else:  # keep only the segment boundaries for backward, recompute the steps: memory O(T * (C + D))
+        if recompute:
             finished, *state = checkpoint(walk, first, stop, *state, use_reentrant=False)
+        else:
+            finished, *state = walk(first, stop, *state)
         done.append(finished)
     done.append(state[0])
 

@@ -9,6 +9,7 @@ from path_reference import (
     path_attention_reference,
     path_scores_reference,
 )
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from path_hf.ops import naive_path_attention, path_attention, resolve_backend
 
@@ -79,6 +80,25 @@ def test_torch_backend_vs_reference(B, T, HQ, H, D, DV, gate, chunk_size):
     out, grads = forward_backward(path_attention, x, do, backend="torch", chunk_size=chunk_size)
 
     assert out.dtype == torch.float64
+    assert_close("o", ref, out, 1e-10)
+    for name in ref_grads:
+        assert_close(f"d{name}", ref_grads[name], grads[name], 1e-10)
+
+
+@pytest.mark.parametrize("recompute", [True, False], ids=["recomputed-walk", "kept-walk"])
+def test_torch_backend_gradients_with_and_without_recomputation(recompute, monkeypatch):
+    """Long walks keep only segment boundaries for backward and recompute the steps; short ones keep every step.
+    Both give the reference's gradients, over several segments (19 chunks, 8 steps a segment)."""
+    from path_hf import ops
+
+    monkeypatch.setattr(ops, "_CHECKPOINT_ABOVE_BYTES", 0 if recompute else 2**62)
+    calls = []
+    monkeypatch.setattr(ops, "checkpoint", lambda *args, **kwargs: calls.append(1) or torch_checkpoint(*args, **kwargs))
+    x = make_inputs(1, 300, 4, 2, 16, 16, gate=True, seed=5)
+    do = torch.randn(1, 300, 4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    ref, ref_grads = forward_backward(path_attention_reference, x, do)
+    out, grads = forward_backward(path_attention, x, do, backend="torch", chunk_size=16)
+    assert len(calls) == (3 if recompute else 0)
     assert_close("o", ref, out, 1e-10)
     for name in ref_grads:
         assert_close(f"d{name}", ref_grads[name], grads[name], 1e-10)
