@@ -187,7 +187,7 @@ class ConversionPlan:
             f"{config.num_attention_heads} heads ({config.num_key_value_heads} kv), head dim {config.head_dim}, "
             f"{'tied' if config.tie_word_embeddings else 'untied'} embeddings",
             f"PaTH layers:  {format_layers(path_layers)} ({len(path_layers)} of {config.num_hidden_layers}), rope "
-            f"{config.rope_mode}, forget gate {'on' if config.path_forget_gate else 'off'}, w_proj "
+            f"{config.rope_mode}, forget gate {_gate(config)}, w_proj "
             f"{'full rank' if config.path_w_rank is None else f'rank {config.path_w_rank}'}, conv size "
             f"{config.path_conv_size}, init {config.path_init}, seed {opts.seed}",
             f"copy:         {len(copied)} tensors, {_size(sum(t.nbytes for t in copied))} from "
@@ -202,6 +202,12 @@ class ConversionPlan:
             f"tokenizer/other file(s) to {Path(opts.output).resolve()}"
         )
         return "\n".join(lines)
+
+
+def _gate(config: PaTHLlamaConfig) -> str:
+    if not config.path_forget_gate:
+        return "off"
+    return f"on (bias {config.path_forget_gate_bias:g})" if config.path_forget_gate_bias else "on"
 
 
 def _size(nbytes: int) -> str:
@@ -300,6 +306,7 @@ def plan_conversion(options: ConvertOptions, source: Source | None = None) -> Co
         rope_mode=options.rope,
         path_layers=list(options.layers) if options.layers is not None else None,
         path_forget_gate=options.forget_gate,
+        path_forget_gate_bias=options.forget_gate_bias,
         path_w_rank=options.w_rank,
         path_conv_size=options.conv_size,
         path_init=options.init,

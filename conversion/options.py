@@ -85,6 +85,14 @@ class ConvertOptions:
         default=PaTHLlamaConfig.path_forget_gate,
         metadata={"help": "add PaTH-FoX's forget gate (g_proj) to every PaTH layer"},
     )
+    forget_gate_bias: float = field(
+        default=PaTHLlamaConfig.path_forget_gate_bias,
+        metadata={
+            "metavar": "B",
+            "help": "initial bias of the forget gate's g_proj: it starts at log sigmoid(B) a token; 0 is FLA's init "
+            "(about -0.69: forgets within a few tokens), 6 forgets little (about -0.0025) (default: %(default)s)",
+        },
+    )
     layers: tuple[int, ...] | None = field(
         default=None,
         metadata={
@@ -156,6 +164,8 @@ class ConvertOptions:
                 raise ConversionError(f"{_flag(option)} must be one of {', '.join(choices)}; got {value!r}.")
         if self.dry_run and self.verify:
             raise ConversionError("--verify checks written files; it cannot run with --dry-run.")
+        if self.forget_gate_bias != PaTHLlamaConfig.path_forget_gate_bias and not self.forget_gate:
+            raise ConversionError("--forget-gate-bias sets the forget gate's init: it needs --forget-gate.")
         if self.w_rank is not None and self.w_rank < 1:
             raise ConversionError(f"--w-rank must be a positive integer, got {self.w_rank}.")
         if self.conv_size < 0:

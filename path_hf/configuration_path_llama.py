@@ -48,6 +48,10 @@ class PaTHLlamaConfig(LlamaConfig):
         path_backend (`str`, *optional*, defaults to `"auto"`):
             Kernel computing PaTH attention: `"fla"` (flash-linear-attention's Triton kernel), `"torch"` (any
             device and head dim) or `"auto"` (FLA on CUDA when installed and supported, torch otherwise).
+        path_forget_gate_bias (`float`, *optional*, defaults to 0.0):
+            Initial bias of `g_proj`: the forget gate starts at about `log sigmoid(path_forget_gate_bias)` per token.
+            0 is FLA's init (about -0.69 a token: attention reaches back a few tokens until training opens the gate);
+            larger values start with less forgetting (6: about -0.0025 a token).
         path_init (`str`, *optional*, defaults to `"default"`):
             How the PaTH parameters start. `"default"`: FLA's random init. `"identity"`: the gains of `bt_proj`
             (and of `g_proj`) start at 0, so every Householder transform is exactly the identity (and the forget
@@ -68,6 +72,7 @@ class PaTHLlamaConfig(LlamaConfig):
     rope_mode: str = "drop"
     path_layers: list[int] | None = None
     path_forget_gate: bool = False
+    path_forget_gate_bias: float | int = 0.0
     path_w_rank: int | None = None
     path_conv_size: int = 3
     path_beta_max: float | int = 1.9

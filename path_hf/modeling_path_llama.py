@@ -136,7 +136,9 @@ def _init_path_module(module: nn.Module, config: PaTHLlamaConfig) -> None:
     """Initialise the parameters one PaTH submodule owns directly (FLA's init; gains per `path_init`)."""
     if isinstance(module, (nn.Linear, nn.Conv1d)):
         init.normal_(module.weight, mean=0.0, std=config.initializer_range)
-        if module.bias is not None:
+        if isinstance(module, PaTHForgetGateProjection):
+            init.constant_(module.bias, config.path_forget_gate_bias)
+        elif module.bias is not None:
             init.zeros_(module.bias)
     if isinstance(module, PaTHGainLinear):
         init.constant_(module.gain, 0.0 if config.path_init == "identity" else 1.0)

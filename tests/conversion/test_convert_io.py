@@ -82,3 +82,6 @@ def test_options_are_checked_in_python_too():
         ConvertOptions(source="a", output="b", dtype="float64")
     with pytest.raises(ConversionError, match="--w-rank must be a positive integer"):
         ConvertOptions(source="a", output="b", w_rank=0)
+    with pytest.raises(ConversionError, match="--forget-gate-bias sets the forget gate's init: it needs --forget-gate"):
+        ConvertOptions(source="a", output="b", forget_gate_bias=6)
+    assert ConvertOptions(source="a", output="b", forget_gate=True, forget_gate_bias=6).forget_gate_bias == 6

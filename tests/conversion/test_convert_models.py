@@ -42,7 +42,7 @@ CASES = {
     "qwen3-sharded-forget-gate-low-rank": (
         "qwen3",
         {"head_dim": 32, "max_shard_size": "100KB", "num_key_value_heads": 4},
-        ["--forget-gate", "--w-rank", "8", "--init", "identity", "--verify"],
+        ["--forget-gate", "--forget-gate-bias", "4", "--w-rank", "8", "--init", "identity", "--verify"],
     ),
     "mistral-bin-bf16": (
         "mistral",

@@ -49,13 +49,15 @@ def test_from_pretrained_initialises_the_new_parameters(tmp_path):
     torch.manual_seed(0)
     source = model_class(source_config)
     source.save_pretrained(tmp_path)
-    for path_init, gain in [("identity", 0.0), ("default", 1.0)]:
-        config = path_config_from(source_config, path_init=path_init, path_forget_gate=True, path_w_rank=8)
+    for path_init, gain, gate_bias in [("identity", 0.0, 0.0), ("default", 1.0, 0.0), ("default", 1.0, 6.0)]:
+        config = path_config_from(
+            source_config, path_init=path_init, path_forget_gate=True, path_w_rank=8, path_forget_gate_bias=gate_bias
+        )
         model = PaTHLlamaForCausalLM.from_pretrained(tmp_path, config=config)
         for layer in model.model.layers:
             attn = layer.self_attn
             assert torch.all(attn.bt_proj.gain == gain) and torch.all(attn.g_proj.gain == gain)
-            assert torch.all(attn.bt_proj.bias == 0) and torch.all(attn.g_proj.bias == 0)
+            assert torch.all(attn.bt_proj.bias == 0) and torch.all(attn.g_proj.bias == gate_bias)
             for weight in (attn.w_proj[0].weight, attn.w_proj[1].weight, attn.w_conv1d.weight, attn.bt_proj.weight):
                 assert weight.isfinite().all() and 0.5 * 0.02 < weight.std() < 2 * 0.02
         state = model.state_dict()
