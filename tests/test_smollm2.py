@@ -72,6 +72,14 @@ def test_the_smollm2_pipeline_on_a_tiny_gguf(tmp_path):
 
     extras = report["extras"]
     assert all(len(extras["answers"][name]) == 5 for name in ("source", "recovered"))
+    # The PaTH parameters of step 0 and the recovered model, per layer: beta in (0, 2), log gates <= 0 (forget gate).
+    assert set(extras["path_parameters"]) == {"step 0", "recovered"}
+    for entry in extras["path_parameters"].values():
+        assert len(entry["beta"]["layers"]) == converted["num_hidden_layers"]
+        assert all(0 < beta < 2 for beta in entry["beta"]["layers"])
+        assert all(gate <= 0 for gate in entry["log_gate"]["layers"])
+    # The recipe moved them: the recovered model's differ from step 0's.
+    assert extras["path_parameters"]["recovered"]["beta"] != extras["path_parameters"]["step 0"]["beta"]
     for drift in extras["precision"].values():
         assert 0 <= drift["top1_agreement"] <= 1 and drift["max_diff_over_spread"] >= 0
     for name in ("source", "recovered"):

@@ -4,7 +4,9 @@
 - the greedy answers to five fixed prompts (SmolLM2-135M-Instruct is an instruct model: its chat template is applied);
 - how far bfloat16 inference is from float32 (`precision.py`: max logit difference over the logits' spread, top-1
   agreement, KL) on held-out text;
-- lm-eval-harness on the local-file tasks of `examples/lm_eval` (its `lm_eval` command, as a user runs it).
+- lm-eval-harness on the local-file tasks of `examples/lm_eval` (its `lm_eval` command, as a user runs it);
+- what the PaTH parameters do, at step 0 and recovered: the mean Householder strength beta (0: the identity, no
+  transform) and log forget gate per token of each layer, on held-out text.
 
 ```
 python examples/smollm2/extras.py --source SmolLM2-135M-Instruct.Q4_1.gguf --recovered runs/smollm2/train/final \
@@ -63,6 +65,31 @@ def greedy_answers(model_path: str, max_new_tokens: int) -> list[str]:
     return answers
 
 
+@torch.no_grad()
+def path_parameters(model_path: str, tokens: list[int]) -> dict:
+    """Mean beta (`bt_proj`'s output) and mean log forget gate per token (`g_proj`'s) of each layer, on `tokens`."""
+    model = load_causal_lm(model_path, torch.float32).eval()
+    outputs: dict[str, dict[int, float]] = {"beta": {}, "log_gate": {}}
+    hooks = []
+    for idx, layer in enumerate(model.get_decoder().layers):
+        for name, key in (("bt_proj", "beta"), ("g_proj", "log_gate")):
+            if (module := getattr(layer.self_attn, name, None)) is not None:
+
+                def record(module, args, out, idx=idx, key=key):
+                    outputs[key][idx] = out.mean().item()
+
+                hooks.append(module.register_forward_hook(record))
+    model(input_ids=torch.tensor([tokens]), use_cache=False, logits_to_keep=1)
+    for hook in hooks:
+        hook.remove()
+    report = {}
+    for key, values in outputs.items():
+        if values:
+            layers = [values[i] for i in sorted(values)]
+            report[key] = {"mean": sum(layers) / len(layers), "min": min(layers), "max": max(layers), "layers": layers}
+    return report
+
+
 def lm_eval(model_path: str, tasks: str, limit: int | None) -> dict:
     """`lm_eval --model hf ...` on the local tasks, in a process of its own; the metrics of each task."""
     path = Path(model_path)
@@ -110,6 +137,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{drift['mean_max_diff_over_spread']:.3f}, top-1 agreement {drift['top1_agreement']:.4f}, "
             f"KL {drift['kl']:.2e}"
         )
+
+    step0 = Path(args.recovered).parents[1] / "converted"  # run.py's layout: <out>/train/final, <out>/converted
+    paths = {"step 0": str(step0)} if (step0 / "config.json").is_file() else {}
+    report["path_parameters"] = {
+        label: path_parameters(path, tokens[:length]) for label, path in {**paths, "recovered": args.recovered}.items()
+    }
+    print("\nPaTH parameters (mean over layers; beta 0 is the identity):")
+    for label, entry in report["path_parameters"].items():
+        gate = f", log gate per token {entry['log_gate']['mean']:.5f}" if "log_gate" in entry else ""
+        beta = entry["beta"]
+        print(f"  {label:>9}: beta {beta['mean']:.3f} (layers {beta['min']:.3f} to {beta['max']:.3f}){gate}")
 
     limit = 8 if args.quick else LM_EVAL_LIMIT
     report["lm_eval"] = {name: lm_eval(path, LM_EVAL_TASKS, limit) for name, path in models.items()}
