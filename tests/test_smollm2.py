@@ -46,13 +46,8 @@ def test_the_smollm2_pipeline_on_a_tiny_gguf(tmp_path):
             for model, values in report["texts"][text]["ppl"].items()
         }
         assert sorted(ppl) == sorted(models)
-        # The one-window pass at the longest length runs on one text, for the source's variants and the recovered
-        # model; step 0 stops at the main pass's lengths.
-        long = (
-            {"source (RoPE)", "source + YaRN", "source + dynamic NTK", "PaTH, recovered"}
-            if text == LONG_TEXT
-            else set()
-        )
+        # The one-window pass at the longest length runs on one text, for plain RoPE, YaRN and the recovered model.
+        long = {"source (RoPE)", "source + YaRN", "PaTH, recovered"} if text == LONG_TEXT else set()
         for model in models:
             assert set(ppl[model]) == ({64, 128, 256} if model in long else {64, 128}), (text, model)
         # The source and its scalings are one model within the training length (64 here), and differ past it.

@@ -126,15 +126,17 @@ class Plan:
 
         `source`: plain RoPE, YaRN and dynamic NTK, which depend on the GGUF alone; `path`: the recovered model at
         every length, step 0 at 1x and 4x the block (it is far off; a PaTH window of 16384 costs minutes on a CPU).
-        Each group ends with one window at `long_length` on LONG_TEXT (not for step 0)."""
+        Each group ends with one window at `long_length` on LONG_TEXT, for plain RoPE, YaRN and the recovered model
+        (a window of 32768 costs 10-40 minutes of one core: dynamic NTK and step 0 are left out there)."""
         if group == "source":
             models = {"source (RoPE)": self.gguf, "source + YaRN": f"{self.gguf}@yarn"}
             models["source + dynamic NTK"] = f"{self.gguf}@dynamic"
             passes = [
                 (text, self.lengths, self.max_tokens, models, self.out / f"eval-{text}-source.json") for text in TEXTS
             ]
+            long_models = {label: models[label] for label in ("source (RoPE)", "source + YaRN")}
         else:
-            models = {"PaTH, recovered": self.recovered}
+            models = long_models = {"PaTH, recovered": self.recovered}
             step0 = {"PaTH, step 0": self.converted}
             short = self.step0_lengths
             passes = []
@@ -142,7 +144,7 @@ class Plan:
                 passes.append((text, self.lengths, self.max_tokens, models, self.out / f"eval-{text}-path.json"))
                 passes.append((text, short, 2 * short[-1], step0, self.out / f"eval-{text}-path-step0.json"))
         long = self.out / f"eval-{LONG_TEXT}-{group}-{self.long_length}.json"
-        return [*passes, (LONG_TEXT, [self.long_length], self.long_length, models, long)]
+        return [*passes, (LONG_TEXT, [self.long_length], self.long_length, long_models, long)]
 
 
 def fetch(plan: Plan, threads: int | None) -> None:
