@@ -91,14 +91,17 @@ def path_parameters(model_path: str, tokens: list[int]) -> dict:
 
 
 def lm_eval(model_path: str, tasks: str, limit: int | None) -> dict:
-    """`lm_eval --model hf ...` on the local tasks, in a process of its own; the metrics of each task."""
+    """`lm_eval --model hf ...` on the local tasks, in a process of its own; the metrics of each task.
+
+    Batch size 1: the perplexity tasks score whole documents in windows of the model's 8192 positions, and lm-eval
+    forms float32 logits for a whole batch (8 x 8192 x 49152 x 4 bytes = 12.9 GB at batch size 8)."""
     path = Path(model_path)
     # lm-eval reads a GGUF through transformers too: the folder, and the file's name
     model = f"pretrained={path.parent},gguf_file={path.name}" if path.suffix == ".gguf" else f"pretrained={path}"
     with tempfile.TemporaryDirectory() as out:
         command = [str(Path(sys.executable).with_name("lm_eval")), "--model", "hf"]
         command += ["--model_args", f"{model},trust_remote_code=True,dtype=float32", "--device", "cpu"]
-        command += ["--include_path", str(ROOT / "examples" / "lm_eval"), "--tasks", tasks, "--batch_size", "8"]
+        command += ["--include_path", str(ROOT / "examples" / "lm_eval"), "--tasks", tasks, "--batch_size", "1"]
         command += ["--output_path", out] + (["--limit", str(limit)] if limit else [])
         print("$ " + " ".join(command).replace(str(ROOT) + "/", ""), flush=True)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

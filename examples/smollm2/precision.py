@@ -133,17 +133,27 @@ def precision_drift(
     dtype: torch.dtype = torch.bfloat16,
     reference_dtype: torch.dtype = torch.float32,
     positions_per_chunk: int = 256,
+    weights_only: bool = False,
 ) -> dict:
     """How far `model_path` loaded in `dtype` is from the same model loaded in `reference_dtype`, on the first
     `windows` non-overlapping windows of `length` tokens of `token_ids` (one stream).
 
     Any causal LM that `conversion.loading.load_causal_lm` loads works (a checkpoint of a Llama or a PaTHLlama, or a
     GGUF file). Returns `logit_drift`'s statistics, plus `model`, `dtype`, `reference_dtype`,
-    `length` and `windows`.
+    `length`, `windows` and `weights_only`.
+
+    `weights_only`: the compared model computes in `reference_dtype` with its weights rounded to `dtype` (and back),
+    which separates what rounding the weights does from what computing in `dtype` does.
     """
     batch = token_windows(token_ids, length, windows)
     reference = load_causal_lm(str(model_path), reference_dtype)
-    model = load_causal_lm(str(model_path), dtype)
+    if weights_only:
+        model = load_causal_lm(str(model_path), reference_dtype)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.copy_(parameter.to(dtype).to(reference_dtype))
+    else:
+        model = load_causal_lm(str(model_path), dtype)
     drift = logit_drift(reference, model, batch, positions_per_chunk)
     name = lambda d: str(d).removeprefix("torch.")  # noqa: E731
     return {
@@ -152,6 +162,7 @@ def precision_drift(
         "reference_dtype": name(reference_dtype),
         "length": length,
         "windows": windows,
+        "weights_only": weights_only,
         **drift,
     }
 
@@ -188,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--length", type=int, nargs="+", default=[512], help="window lengths (default: 512)")
     parser.add_argument("--windows", type=int, default=1, help="windows per length (default: 1)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="dtype compared (default: bf16)")
+    parser.add_argument(
+        "--weights-only", action="store_true", help="compute in float32 with the weights rounded to --dtype"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     try:
@@ -196,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         for model in args.models:
             stream = tokenize_stream(texts, load_tokenizer(str(model)), max_tokens=max(args.length) * args.windows)
             for length in args.length:
-                result = precision_drift(model, stream, length, args.windows, DTYPES[args.dtype])
+                result = precision_drift(
+                    model, stream, length, args.windows, DTYPES[args.dtype], weights_only=args.weights_only
+                )
                 print(json.dumps(result), flush=True)
                 results.append(result)
     except (OSError, ValueError) as e:

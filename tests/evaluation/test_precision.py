@@ -81,6 +81,22 @@ def test_bfloat16_drift_matches_a_direct_computation(models, stream, name):
 
 
 @pytest.mark.parametrize("name", ["llama", "path"])
+def test_weights_only_rounds_the_weights_and_computes_in_float32(models, stream, name):
+    result = precision.precision_drift(models[name], stream, LENGTH, WINDOWS, torch.bfloat16, weights_only=True)
+    windows = torch.tensor(stream).view(WINDOWS, LENGTH)
+    reference_model = AutoModelForCausalLM.from_pretrained(models[name], dtype=torch.float32)
+    rounded = copy.deepcopy(reference_model)
+    rounded.load_state_dict({key: value.bfloat16().float() for key, value in reference_model.state_dict().items()})
+    expected = direct_drift(full_logits(reference_model, windows), full_logits(rounded, windows))
+    assert expected["max_abs_diff"] > 0
+    assert_matches(result, expected)
+    assert result["weights_only"] is True and result["dtype"] == "bfloat16"
+    # Computing in bfloat16 too moves the logits further than rounding the weights alone.
+    full = precision.precision_drift(models[name], stream, LENGTH, WINDOWS, torch.bfloat16)
+    assert full["weights_only"] is False and full["mean_abs_diff"] > result["mean_abs_diff"]
+
+
+@pytest.mark.parametrize("name", ["llama", "path"])
 def test_the_same_dtype_gives_no_drift(models, stream, name):
     result = precision.precision_drift(models[name], stream, LENGTH, WINDOWS, dtype=torch.float32)
     assert result["max_abs_diff"] == result["mean_abs_diff"] == result["mean_max_diff_over_spread"] == 0
