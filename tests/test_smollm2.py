@@ -17,6 +17,10 @@ TEXTS = ["python-docs", "copyright-does-not-exist"]
 LONG_TEXT = "copyright-does-not-exist"
 
 
+def goals_of(report: dict, text: str) -> dict:
+    return report["goals"][text]
+
+
 def run_pipeline(gguf: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "examples/smollm2/run.py", "--quick", "--threads", "1", "--gguf", str(gguf)]
     return subprocess.run(
@@ -39,6 +43,7 @@ def test_the_smollm2_pipeline_on_a_tiny_gguf(tmp_path):
     assert report["recovery"]["final"]["tokens"] == 256 * len(report["recipe"]["stages"])
 
     models = ["source (RoPE)", "source + YaRN", "source + dynamic NTK", "PaTH, step 0", "PaTH, recovered"]
+    models.append("PaTH, recovered + YaRN")
     assert report["lengths"] == [64, 128] and list(report["texts"]) == TEXTS
     for text in TEXTS:
         ppl = {
@@ -48,8 +53,13 @@ def test_the_smollm2_pipeline_on_a_tiny_gguf(tmp_path):
         assert sorted(ppl) == sorted(models)
         # The one-window pass at the longest length runs on one text, for plain RoPE, YaRN and the recovered model.
         long = {"source (RoPE)", "source + YaRN", "PaTH, recovered"} if text == LONG_TEXT else set()
-        for model in models:
+        for model in models[:-1]:
             assert set(ppl[model]) == ({64, 128, 256} if model in long else {64, 128}), (text, model)
+        # The recovered model with YaRN (RoPE is kept) at the longest length of the main pass.
+        assert set(ppl["PaTH, recovered + YaRN"]) == {128}
+        assert goals_of(report, text)["recovered_yarn_over_yarn_16k"] == pytest.approx(
+            ppl["PaTH, recovered + YaRN"][128] / ppl["source + YaRN"][128]
+        )
         # The source and its scalings are one model within the training length (64 here), and differ past it.
         assert ppl["source + YaRN"][64] == pytest.approx(ppl["source (RoPE)"][64], rel=1e-6)
         assert ppl["source + YaRN"][128] != pytest.approx(ppl["source (RoPE)"][128], rel=1e-6)

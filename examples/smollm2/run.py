@@ -125,7 +125,8 @@ class Plan:
         """The `path-hf eval` runs of one group of models: (text, lengths, max tokens, {label: model}, output JSON).
 
         `source`: plain RoPE, YaRN and dynamic NTK, which depend on the GGUF alone; `path`: the recovered model at
-        every length, step 0 at 1x and 4x the block (it is far off; a PaTH window of 16384 costs minutes on a CPU).
+        every length, step 0 at 1x and 4x the block (it is far off; a PaTH window of 16384 costs minutes on a CPU),
+        and the recovered model with YaRN at the longest of them.
         Each group ends with one window at `long_length` on LONG_TEXT, for plain RoPE, YaRN and the recovered model
         (a window of 32768 costs 10-40 minutes of one core: dynamic NTK and step 0 are left out there)."""
         if group == "source":
@@ -138,11 +139,16 @@ class Plan:
         else:
             models = long_models = {"PaTH, recovered": self.recovered}
             step0 = {"PaTH, step 0": self.converted}
+            yarn = {"PaTH, recovered + YaRN": f"{self.recovered}@yarn"}
             short = self.step0_lengths
             passes = []
             for text in TEXTS:
                 passes.append((text, self.lengths, self.max_tokens, models, self.out / f"eval-{text}-path.json"))
                 passes.append((text, short, 2 * short[-1], step0, self.out / f"eval-{text}-path-step0.json"))
+                # RoPE is kept, so the recovered model takes YaRN too: past the source's context, where RoPE fails
+                passes.append(
+                    (text, [self.lengths[-1]], self.max_tokens, yarn, self.out / f"eval-{text}-path-yarn.json")
+                )
         long = self.out / f"eval-{LONG_TEXT}-{group}-{self.long_length}.json"
         return [*passes, (LONG_TEXT, [self.long_length], self.long_length, long_models, long)]
 
@@ -237,6 +243,9 @@ def goals(plan: Plan, report: dict) -> dict:
             "ratio_at_training_length": recovered[train] / source[train],
             "recovered_16k_over_8k": recovered[long] / recovered[context],
             "recovered_over_yarn_16k": recovered[long] / yarn[long],
+            # the recovered model with YaRN on its kept RoPE
+            "recovered_yarn_16k_over_8k": ppl["PaTH, recovered + YaRN"][long] / recovered[context],
+            "recovered_yarn_over_yarn_16k": ppl["PaTH, recovered + YaRN"][long] / yarn[long],
         }
         if text == LONG_TEXT:
             result[text]["recovered_over_yarn_32k"] = recovered[longest] / yarn[longest]
@@ -244,6 +253,9 @@ def goals(plan: Plan, report: dict) -> dict:
         r["recovery_met"] = r["ratio_at_training_length"] <= RECOVERY_GOAL
         r["recovery_stretch_met"] = r["ratio_at_training_length"] <= RECOVERY_STRETCH
         r["flat_16k_met"] = r["recovered_16k_over_8k"] <= FLAT_GOAL and r["recovered_over_yarn_16k"] <= 1.0
+        r["flat_16k_met_with_yarn"] = (
+            r["recovered_yarn_16k_over_8k"] <= FLAT_GOAL and r["recovered_yarn_over_yarn_16k"] <= 1.0
+        )
         if text == LONG_TEXT:
             r["beats_yarn_32k"] = r["recovered_over_yarn_32k"] < 1.0
     return result
@@ -278,6 +290,9 @@ def summary_text(plan: Plan, report: dict) -> str:
             f"- recovered at {plan.lengths[-1]} / at {plan.context}: {g['recovered_16k_over_8k']:.3f} (goal <= "
             f"{FLAT_GOAL}), / source + YaRN at {plan.lengths[-1]}: {g['recovered_over_yarn_16k']:.3f} (goal <= 1): "
             f"{met[g['flat_16k_met']]}",
+            f"- with YaRN on its RoPE, recovered at {plan.lengths[-1]} / at {plan.context}: "
+            f"{g['recovered_yarn_16k_over_8k']:.3f}, / source + YaRN: {g['recovered_yarn_over_yarn_16k']:.3f}: "
+            f"{met[g['flat_16k_met_with_yarn']]}",
         ]
         if "beats_yarn_32k" in g:
             lines.append(
