@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", required=True, help="the source model (checkpoint directory or .gguf file)")
     parser.add_argument("--recovered", required=True, help="the recovered PaTH model (checkpoint directory)")
+    parser.add_argument(
+        "--step0", help="the converted PaTH model before training: its PaTH parameters are reported too"
+    )
     parser.add_argument("--output", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--quick", action="store_true", help="short answers, small windows, few lm-eval items")
     args = parser.parse_args(argv)
@@ -141,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             f"KL {drift['kl']:.2e}"
         )
 
-    step0 = Path(args.recovered).parents[1] / "converted"  # run.py's layout: <out>/train/final, <out>/converted
-    paths = {"step 0": str(step0)} if (step0 / "config.json").is_file() else {}
+    paths = {"step 0": args.step0} if args.step0 else {}
     report["path_parameters"] = {
         label: path_parameters(path, tokens[:length]) for label, path in {**paths, "recovered": args.recovered}.items()
     }

@@ -47,13 +47,6 @@ TEXTS = {
     "python-docs": ROOT / "examples" / "default_model" / "data" / "eval.jsonl.xz",
     "copyright-does-not-exist": ROOT / "examples" / "data" / "copyright_does_not_exist" / "eval.jsonl.xz",
 }
-PROMPTS = (
-    "What is the capital of France?",
-    "Write a Python function that returns the square of a number.",
-    "Give me three tips for staying healthy.",
-    "What does the len() function do in Python?",
-    "Translate 'good morning' into French.",
-)
 LONG_TEXT = "copyright-does-not-exist"  # the text of the one-window evaluation at 32768 (never seen in training)
 STEPS = ("fetch", "convert", "eval-source", "recover", "eval-path", "extras")
 BIN = Path(sys.executable).parent
@@ -208,7 +201,7 @@ def evaluate(plan: Plan, group: str, threads: int | None, redo: bool) -> None:
 def extras(plan: Plan, threads: int | None) -> None:
     """Greedy answers, bfloat16 drift and lm-eval, each in its own process (printed like the other steps)."""
     script = Path(__file__).with_name("extras.py")
-    command = [sys.executable, script, "--source", plan.gguf, "--recovered", plan.recovered]
+    command = [sys.executable, script, "--source", plan.gguf, "--recovered", plan.recovered, "--step0", plan.converted]
     command += ["--output", plan.out / "extras.json"] + (["--quick"] if plan.quick else [])
     run(command, threads)
 
