@@ -31,6 +31,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
 from torch import nn
 from transformers import (
     AutoConfig,
@@ -66,6 +68,7 @@ def find_gguf(source: str, gguf_file: str | None = None) -> Path | None:
     """The GGUF file that `--from SRC [--gguf-file NAME]` names, or None when SRC is a checkpoint directory or a hub
     id. SRC is a `.gguf` file, or a directory holding `NAME` (or, without `config.json`, holding one GGUF file)."""
     path = Path(source).expanduser()
+    require_local_or_hub_id(source)
     if gguf_file is not None:
         if not path.is_dir():
             raise ConversionError(
@@ -89,6 +92,25 @@ def find_gguf(source: str, gguf_file: str | None = None) -> Path | None:
         if found:
             return (path / found[0]).resolve()
     return None
+
+
+def require_local_or_hub_id(source: str) -> None:
+    """Refuse a source that is neither an existing path nor shaped like a hub id (`name` or `org/name`): such a
+    string is a mistyped or missing path, which `from_pretrained` would report as a malformed repo id. A missing
+    `name.gguf` is a missing file too."""
+    if Path(source).expanduser().exists():
+        return
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        shaped_like_hub_id = False
+    else:
+        shaped_like_hub_id = Path(source).suffix.lower() not in {GGUF_SUFFIX, ".safetensors", ".bin"}
+    if not shaped_like_hub_id:
+        raise ConversionError(
+            f"{source}: no such file or directory (a local path that does not exist; a hub id has the form 'name' or "
+            "'org/name')."
+        )
 
 
 def _gguf_files(directory: Path) -> list[str]:
@@ -356,6 +378,7 @@ __all__ = [
     "GGUFFile",
     "SUPPORTED_ARCHITECTURES",
     "find_gguf",
+    "require_local_or_hub_id",
     "gguf_config",
     "gguf_source",
     "gguf_state_dict",
