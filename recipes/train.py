@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator, DistributedDataParallelKwargs, DistributedType, skip_first_batches
 from accelerate.tracking import GeneralTracker
 from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import load as load_restricted  # torch.load(weights_only=True), numpy arrays allowed
 
 # recipes/arguments.py: this script's directory is on sys.path when it runs
 from arguments import DataArguments, ModelArguments, RecipeConfig, RecipeError, Stage, TrainingArguments, parse_config
@@ -447,20 +448,14 @@ def lm_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 @dataclass
 class RunState:
-    """What `save_state` keeps besides model, optimizer and RNG: the data position and the recovery log."""
+    """What a checkpoint keeps besides model, optimizer and RNG (`run_state.json`): the data position and the
+    recovery log."""
 
     step: int = 0
     batches: int = 0  # micro-batches consumed per process: the data position
     tokens: int = 0
     source_ppl: dict[str, float] = field(default_factory=dict)  # by eval length, e.g. "1x"
     history: list[dict] = field(default_factory=list)
-
-    def state_dict(self) -> dict:
-        return asdict(self)
-
-    def load_state_dict(self, state: dict) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
 
 
 @dataclass(frozen=True)
@@ -569,20 +564,69 @@ def plot_recovery(state: RunState, path: Path, target_ratio: float | None) -> No
     plt.close(fig)
 
 
+RUN_STATE = "run_state.json"  # written last into a checkpoint, by the main process
+
+
 def latest_checkpoint(output_dir: Path) -> Path | None:
     checkpoints = sorted((output_dir / "checkpoints").glob("step-*"))
     return checkpoints[-1] if checkpoints else None
 
 
 def save_checkpoint(accelerator: Accelerator, state: RunState, output_dir: Path, keep: int) -> Path:
-    """`accelerator.save_state` into `checkpoints/step-NNNNNNNN`, keeping the latest `keep`."""
+    """`accelerator.save_state` (model, optimizer, each process's RNG states) and the run state as JSON into
+    `checkpoints/step-NNNNNNNN`, keeping the latest `keep`."""
     path = output_dir / "checkpoints" / f"step-{state.step:08d}"
     accelerator.save_state(str(path))
+    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        (path / RUN_STATE).write_text(json.dumps(asdict(state)))
         for old in sorted((output_dir / "checkpoints").glob("step-*"))[:-keep]:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return path
+
+
+def read_checkpoint(checkpoint: Path, accelerator: Accelerator) -> RunState:
+    """The run state of `checkpoint`, read before any model is loaded, refusing a checkpoint that resuming from could
+    run code or leave the RNG states behind: every file besides safetensors and JSON must load through accelerate's
+    restricted loader (tensors, numbers, containers, numpy arrays), and there must be one RNG state file per process."""
+    if pickled := sorted(checkpoint.glob("custom_checkpoint_*.pkl")):
+        raise RecipeError(
+            f"{pickled[0]}: a pickled run state (what earlier versions of this recipe wrote) is not loaded, as a "
+            "pickle can run code; this checkpoint cannot be resumed: start over in a new or cleared training.output_dir"
+        )
+    for file in sorted(checkpoint.iterdir()):
+        if file.is_dir() or file.suffix in (".safetensors", ".json"):
+            continue  # directories: engine shards (DeepSpeed), read by the engine's own loader
+        try:
+            load_restricted(file, map_location="cpu", mmap=True)
+        except Exception as error:
+            reason = (str(error).strip() or type(error).__name__).splitlines()[0]
+            raise RecipeError(
+                f"{file}: refused, it does not load as plain tensors and numbers (torch.load weights_only=True: "
+                f"{reason}); resume only from checkpoints this recipe wrote"
+            ) from error
+    processes = len(list(checkpoint.glob("random_states_*.pkl")))
+    if processes != accelerator.num_processes:
+        raise RecipeError(
+            f"{checkpoint}: written by {processes} process(es), this run has {accelerator.num_processes}; resume with "
+            "the same number of processes (the data position and the RNG states are per process)"
+        )
+    try:
+        return RunState(**json.loads((checkpoint / RUN_STATE).read_text()))
+    except (OSError, ValueError, TypeError) as error:
+        raise RecipeError(f"{checkpoint / RUN_STATE}: not a run state of this recipe ({error})") from error
+
+
+def restore_checkpoint(accelerator: Accelerator, checkpoint: Path) -> None:
+    """`accelerator.load_state` of a checkpoint `read_checkpoint` accepted, refusing to go on if the RNG states were
+    not restored (accelerate only logs that)."""
+    accelerator.load_state(str(checkpoint))
+    rng_file = checkpoint / f"random_states_{accelerator.process_index}.pkl"
+    saved = load_restricted(rng_file, map_location="cpu")
+    torch_state = saved.get("torch_manual_seed") if isinstance(saved, dict) else None
+    if not isinstance(torch_state, torch.Tensor) or not torch.equal(torch.get_rng_state(), torch_state):
+        raise RecipeError(f"{rng_file}: its random states could not be restored; an exact resume needs them")
 
 
 def all_processes(accelerator: Accelerator, flag: bool) -> bool:
@@ -635,6 +679,8 @@ def train(config: RecipeConfig) -> dict:
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=uses_alignment)],
     )
     set_seed(training.seed)
+    checkpoint = latest_checkpoint(output_dir) if training.resume else None
+    state = read_checkpoint(checkpoint, accelerator) if checkpoint is not None else RunState()
     deepspeed_plugin = accelerator.state.deepspeed_plugin
     sharded = accelerator.distributed_type == DistributedType.FSDP or (
         deepspeed_plugin and deepspeed_plugin.zero_stage == 3
@@ -677,10 +723,8 @@ def train(config: RecipeConfig) -> dict:
             else teacher.to(accelerator.device)
         )
 
-    state = RunState()
-    accelerator.register_for_checkpointing(state)
-    if training.resume and (checkpoint := latest_checkpoint(output_dir)) is not None:
-        accelerator.load_state(str(checkpoint))
+    if checkpoint is not None:
+        restore_checkpoint(accelerator, checkpoint)
         accelerator.print(f"resumed from {checkpoint} (step {state.step}, {state.tokens:,} tokens)")
 
     tokens_per_step = (

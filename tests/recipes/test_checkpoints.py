@@ -1,0 +1,86 @@
+"""Checkpoints of recipes/train.py: resuming runs no code planted in a checkpoint and restores every RNG state."""
+
+import shutil
+
+import pytest
+import torch
+from recipe_runs import recipe_config, run_recipe
+
+
+class PlantedCode:
+    """A pickle that creates `marker` when it is unpickled without restrictions, and then reads as `value`."""
+
+    def __init__(self, marker, value=None):
+        self.marker, self.value = str(marker), value
+
+    def __reduce__(self):
+        return eval, (f"[open({self.marker!r}, 'w').close(), {self.value!r}][1]",)
+
+
+RUN_STATE = {"step": 2, "batches": 2, "tokens": 128, "source_ppl": {}, "history": []}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_source, tmp_path_factory):
+    """A run of two steps with a checkpoint at step 2."""
+    tmp_path = tmp_path_factory.mktemp("finished")
+    config = recipe_config(tiny_source, tmp_path / "run", training={"save_every": 2})
+    assert run_recipe(config, tmp_path) == 0
+    return tmp_path / "run"
+
+
+def test_a_checkpoint_holds_no_pickled_objects(finished_run):
+    files = {path.name for path in (finished_run / "checkpoints" / "step-00000002").iterdir()}
+    assert files == {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "run_state.json"}
+
+
+def plant_old_format(checkpoint, marker):
+    """A checkpoint as earlier versions wrote it (the issue's repro): the run state pickled by accelerate."""
+    (checkpoint / "run_state.json").unlink(missing_ok=True)
+    torch.save(PlantedCode(marker, RUN_STATE), checkpoint / "custom_checkpoint_0.pkl")
+
+
+def plant_custom_state(checkpoint, marker):
+    torch.save(PlantedCode(marker, RUN_STATE), checkpoint / "custom_checkpoint_0.pkl")
+
+
+def plant_random_states(checkpoint, marker):
+    torch.save({"random_state": PlantedCode(marker)}, checkpoint / "random_states_0.pkl")
+
+
+def plant_optimizer(checkpoint, marker):
+    torch.save(PlantedCode(marker), checkpoint / "optimizer.bin")
+
+
+def unusable_random_states(checkpoint, marker):
+    torch.save({"step": 2}, checkpoint / "random_states_0.pkl")  # loads, but accelerate cannot restore it
+
+
+def more_processes(checkpoint, marker):
+    shutil.copy(checkpoint / "random_states_0.pkl", checkpoint / "random_states_1.pkl")
+
+
+@pytest.mark.parametrize(
+    "tamper, message",
+    [
+        (plant_old_format, "custom_checkpoint_0.pkl: a pickled run state (what earlier versions of this recipe wrote)"),
+        (plant_custom_state, "custom_checkpoint_0.pkl: a pickled run state"),
+        (plant_random_states, "random_states_0.pkl: refused, it does not load as plain tensors and numbers"),
+        (plant_optimizer, "optimizer.bin: refused, it does not load as plain tensors and numbers"),
+        (unusable_random_states, "random_states_0.pkl: its random states could not be restored"),
+        (more_processes, "written by 2 process(es), this run has 1; resume with the same number of processes"),
+    ],
+    ids=lambda value: getattr(value, "__name__", ""),
+)
+def test_resume_refuses_a_tampered_checkpoint_without_running_it(
+    tiny_source, finished_run, tmp_path, capsys, tamper, message
+):
+    out, marker = tmp_path / "run", tmp_path / "marker"
+    shutil.copytree(finished_run, out)
+    tamper(out / "checkpoints" / "step-00000002", marker)
+    config = recipe_config(tiny_source, out, training={"save_every": 2, "resume": True})
+    exit_code = run_recipe(config, tmp_path)
+    assert not marker.exists(), "resuming ran the code planted in the checkpoint"
+    assert exit_code == 1
+    error = capsys.readouterr().err
+    assert message in error and "Traceback" not in error
