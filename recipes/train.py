@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import re
 import shutil
 import signal
@@ -564,26 +565,75 @@ def plot_recovery(state: RunState, path: Path, target_ratio: float | None) -> No
     plt.close(fig)
 
 
-RUN_STATE = "run_state.json"  # written last into a checkpoint, by the main process
+RUN_STATE = "run_state.json"  # the last file a checkpoint gets
+STAGING = ".partial"  # checkpoints/.step-NNNNNNNN.partial: a checkpoint being written
 
 
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    checkpoints = sorted((output_dir / "checkpoints").glob("step-*"))
-    return checkpoints[-1] if checkpoints else None
+def step_dirs(output_dir: Path) -> list[Path]:
+    """The `checkpoints/step-NNNNNNNN` directories, oldest first, complete or not."""
+    return sorted(path for path in (output_dir / "checkpoints").glob("step-*") if path.is_dir())
+
+
+def complete_checkpoints(output_dir: Path) -> list[Path]:
+    """The checkpoints holding their run state, oldest first."""
+    return [path for path in step_dirs(output_dir) if (path / RUN_STATE).is_file()]
+
+
+def latest_checkpoint(output_dir: Path, accelerator: Accelerator) -> Path | None:
+    """The newest complete checkpoint, saying which and naming the incomplete ones passed over (left by a save killed
+    midway before saves were staged). The main process removes the staging directories of unfinished saves."""
+    checkpoints = output_dir / "checkpoints"
+    if accelerator.is_main_process:
+        for staging in sorted(checkpoints.glob(f".step-*{STAGING}")):
+            shutil.rmtree(staging)
+            accelerator.print(f"removed {staging}: a checkpoint save that did not finish")
+    incomplete, found = [], None
+    for path in reversed(step_dirs(output_dir)):
+        if (path / RUN_STATE).is_file() or any(path.glob("custom_checkpoint_*.pkl")):  # old format: refused later
+            found = path
+            break
+        incomplete.append(path.name)
+    if incomplete:
+        accelerator.print(f"skipped incomplete checkpoint(s) {', '.join(incomplete)} in {checkpoints} (no {RUN_STATE})")
+    accelerator.print(f"resuming from {found}" if found else f"no complete checkpoint in {checkpoints}: starting anew")
+    return found
 
 
 def save_checkpoint(accelerator: Accelerator, state: RunState, output_dir: Path, keep: int) -> Path:
     """`accelerator.save_state` (model, optimizer, each process's RNG states) and the run state as JSON into
-    `checkpoints/step-NNNNNNNN`, keeping the latest `keep`."""
+    `checkpoints/.step-NNNNNNNN.partial`, which the main process renames to `step-NNNNNNNN` once every file is on
+    disk: a save killed midway leaves the previous checkpoints as they were. Keeps the latest `keep` complete ones."""
     path = output_dir / "checkpoints" / f"step-{state.step:08d}"
-    accelerator.save_state(str(path))
+    staging = path.with_name(f".{path.name}{STAGING}")
+    if accelerator.is_main_process:
+        shutil.rmtree(staging, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(staging))  # every process writes its own RNG states
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        (path / RUN_STATE).write_text(json.dumps(asdict(state)))
-        for old in sorted((output_dir / "checkpoints").glob("step-*"))[:-keep]:
+        (staging / RUN_STATE).write_text(json.dumps(asdict(state)))
+        sync_to_disk(staging)
+        if path.exists():  # an incomplete one of an earlier run, or this step saved again
+            shutil.rmtree(path)
+        staging.rename(path)
+        sync_to_disk(path.parent, recursive=False)
+        for old in complete_checkpoints(output_dir)[:-keep]:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return path
+
+
+def sync_to_disk(directory: Path, recursive: bool = True) -> None:
+    """fsync the files under `directory` (if `recursive`) and the directory entries themselves (POSIX only)."""
+    paths = [*sorted(directory.rglob("*")), directory] if recursive else [directory]
+    for path in paths:
+        if path.is_dir() and os.name != "posix":
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def read_checkpoint(checkpoint: Path, accelerator: Accelerator) -> RunState:
@@ -679,7 +729,7 @@ def train(config: RecipeConfig) -> dict:
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=uses_alignment)],
     )
     set_seed(training.seed)
-    checkpoint = latest_checkpoint(output_dir) if training.resume else None
+    checkpoint = latest_checkpoint(output_dir, accelerator) if training.resume else None
     state = read_checkpoint(checkpoint, accelerator) if checkpoint is not None else RunState()
     deepspeed_plugin = accelerator.state.deepspeed_plugin
     sharded = accelerator.distributed_type == DistributedType.FSDP or (
@@ -725,7 +775,7 @@ def train(config: RecipeConfig) -> dict:
 
     if checkpoint is not None:
         restore_checkpoint(accelerator, checkpoint)
-        accelerator.print(f"resumed from {checkpoint} (step {state.step}, {state.tokens:,} tokens)")
+        accelerator.print(f"resumed at step {state.step} ({state.tokens:,} tokens)")
 
     tokens_per_step = (
         training.batch_size * data_args.block_size * training.gradient_accumulation_steps * accelerator.num_processes
@@ -757,7 +807,7 @@ def train(config: RecipeConfig) -> dict:
         progress = tqdm(
             total=total_steps, initial=state.step, disable=not accelerator.is_main_process, desc="training", unit="step"
         )
-        reached_target, started, start_tokens = False, time.perf_counter(), state.tokens
+        reached_target, started, start_tokens, saved = False, time.perf_counter(), state.tokens, None
         model.train()
         while state.step < total_steps and not reached_target:
             current = stage_at(stages, state.step)
@@ -778,7 +828,7 @@ def train(config: RecipeConfig) -> dict:
                             loss = lm_loss(model, batch)
                         if all_processes(accelerator, not torch.isfinite(loss).item()):
                             # Nothing of this step has touched the weights: the checkpoint is the last good state.
-                            path = save_checkpoint(accelerator, state, output_dir, training.keep_checkpoints)
+                            path = saved or save_checkpoint(accelerator, state, output_dir, training.keep_checkpoints)
                             raise RecipeError(
                                 f"non-finite {name} loss at step {state.step + 1}; the last good state is saved in "
                                 f"{path}"
@@ -811,10 +861,11 @@ def train(config: RecipeConfig) -> dict:
             if state.step % training.eval_every == 0 and state.step < total_steps:
                 entry = record_eval()
                 reached_target = _reached(entry, training.target_ratio)
+            saved = None  # the checkpoint of this step, once saved
             if state.step % training.save_every == 0:
-                save_checkpoint(accelerator, state, output_dir, training.keep_checkpoints)
+                saved = save_checkpoint(accelerator, state, output_dir, training.keep_checkpoints)
             if all_processes(accelerator, stop.signal is not None):
-                path = save_checkpoint(accelerator, state, output_dir, training.keep_checkpoints)
+                path = saved or save_checkpoint(accelerator, state, output_dir, training.keep_checkpoints)
                 progress.close()
                 accelerator.end_training()
                 raise Interrupted(

@@ -1,10 +1,13 @@
-"""Checkpoints of recipes/train.py: resuming runs no code planted in a checkpoint and restores every RNG state."""
+"""Checkpoints of recipes/train.py: resuming runs no code planted in a checkpoint and restores every RNG state; a save
+killed midway leaves the complete checkpoints to resume from."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
-from recipe_runs import recipe_config, run_recipe
+from accelerate import Accelerator
+from recipe_runs import read_log, recipe_config, run_recipe
 
 
 class PlantedCode:
@@ -84,3 +87,47 @@ def test_resume_refuses_a_tampered_checkpoint_without_running_it(
     assert exit_code == 1
     error = capsys.readouterr().err
     assert message in error and "Traceback" not in error
+
+
+class Killed(Exception):
+    """The process dying in the middle of a checkpoint save."""
+
+
+def test_a_save_killed_midway_leaves_the_complete_checkpoints_to_resume_from(
+    tiny_source, tmp_path, monkeypatch, capsys
+):
+    out = tmp_path / "run"
+    stages = [{"name": "lm", "tokens": 256, "learning_rate": 1e-3}]  # 4 steps of 64 tokens
+    config = recipe_config(tiny_source, out, stages=stages, training={"save_every": 2, "keep_checkpoints": 1})
+    save_state, saves = Accelerator.save_state, []
+
+    def killed_at_the_second_save(self, output_dir, **kwargs):
+        saves.append(output_dir)
+        if len(saves) == 1:
+            return save_state(self, output_dir, **kwargs)
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(output_dir) / "model.safetensors").write_bytes(b"half written")
+        raise Killed
+
+    monkeypatch.setattr(Accelerator, "save_state", killed_at_the_second_save)
+    with pytest.raises(Killed):
+        run_recipe(config, tmp_path)
+    monkeypatch.undo()
+    checkpoints = out / "checkpoints"
+    assert not (checkpoints / "step-00000004").exists()
+    assert (checkpoints / "step-00000002" / "run_state.json").is_file()
+    # What a save killed by an earlier version of the recipe left: an empty step directory, here newer than the rest.
+    (checkpoints / "step-00000009").mkdir()
+    capsys.readouterr()
+
+    config["training"]["resume"] = True
+    assert run_recipe(config, tmp_path) == 0
+    output = capsys.readouterr().out
+    assert "removed " + str(checkpoints / ".step-00000004.partial") in output
+    assert f"skipped incomplete checkpoint(s) step-00000009 in {checkpoints}" in output
+    assert f"resuming from {checkpoints / 'step-00000002'}" in output
+    # The killed run logged steps 1-4; the resumed one continued after step 2.
+    assert [entry["step"] for entry in read_log(out) if "train/lr" in entry] == [1, 2, 3, 4, 3, 4]
+    # Only complete checkpoints count towards keep_checkpoints=1: step 4 is kept, the incomplete one left alone.
+    assert sorted(path.name for path in checkpoints.iterdir()) == ["step-00000004", "step-00000009"]
+    assert (checkpoints / "step-00000004" / "run_state.json").is_file()
