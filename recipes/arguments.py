@@ -146,7 +146,13 @@ class TrainingArguments:
     )
     save_every: int = field(default=500, metadata=_help("checkpoint (accelerator.save_state) every N optimizer steps"))
     keep_checkpoints: int = field(default=2, metadata=_help("how many of the latest checkpoints to keep"))
-    resume: bool = field(default=False, metadata=_help("continue from the latest checkpoint in output_dir"))
+    resume: bool = field(
+        default=False,
+        metadata=_help(
+            "continue from the latest complete checkpoint in output_dir (from the beginning if there is none); "
+            "without it, a run in an output_dir that holds an earlier run is refused unless --force is given"
+        ),
+    )
     seed: int = field(default=0, metadata=_help("seed of the run (LoRA init, dropout)"))
 
 
@@ -260,6 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="keys (section.key=value overrides the YAML file; values are read as YAML):\n" + describe_keys(),
     )
     parser.add_argument("--config", required=True, help="YAML file with sections model, data, stages, training")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="start anew in a training.output_dir that holds an earlier run: delete its checkpoints, logs and final "
+        "model first (the converted model is kept). Without it such a run is refused unless training.resume=true",
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. training.batch_size=4")
     return parser
 
@@ -290,7 +302,11 @@ def _describe(section: str, cls) -> list[str]:
 
 def parse_config(argv: list[str] | None = None) -> RecipeConfig:
     """Read `--config` and the `key=value` overrides into a checked `RecipeConfig`."""
-    args = build_parser().parse_args(argv)
+    return read_config(build_parser().parse_args(argv))
+
+
+def read_config(args: argparse.Namespace) -> RecipeConfig:
+    """The checked `RecipeConfig` of parsed command-line arguments (`build_parser`)."""
     path = Path(args.config)
     if not path.is_file():
         raise RecipeError(f"--config {path}: no such file")
@@ -345,5 +361,7 @@ __all__ = [
     "RecipeError",
     "Stage",
     "TrainingArguments",
+    "build_parser",
     "parse_config",
+    "read_config",
 ]

@@ -34,7 +34,16 @@ from accelerate.utils import ProjectConfiguration, set_seed
 from accelerate.utils import load as load_restricted  # torch.load(weights_only=True), numpy arrays allowed
 
 # recipes/arguments.py: this script's directory is on sys.path when it runs
-from arguments import DataArguments, ModelArguments, RecipeConfig, RecipeError, Stage, TrainingArguments, parse_config
+from arguments import (
+    DataArguments,
+    ModelArguments,
+    RecipeConfig,
+    RecipeError,
+    Stage,
+    TrainingArguments,
+    build_parser,
+    read_config,
+)
 from datasets import Dataset, IterableDataset, load_dataset
 from peft import LoraConfig, get_peft_model
 from torch import nn
@@ -599,6 +608,25 @@ def latest_checkpoint(output_dir: Path, accelerator: Accelerator) -> Path | None
     return found
 
 
+RUN_OUTPUTS = ("checkpoints", "logs", "final", "adapter", "recovery.json", "recovery.png")  # not `converted`
+
+
+def check_output_dir(training: TrainingArguments, force: bool) -> list[Path]:
+    """The outputs of an earlier run in `training.output_dir`, for `force` to delete. A new run over them, whose
+    checkpoints and logs would mix with the old ones, is refused unless it resumes or is forced."""
+    output_dir = Path(training.output_dir)
+    found = [output_dir / name for name in RUN_OUTPUTS if (output_dir / name).exists()]
+    if force and training.resume:
+        raise RecipeError("--force deletes the checkpoints training.resume=true would continue from: give only one")
+    if found and not training.resume and not force:
+        raise RecipeError(
+            f"training.output_dir {output_dir} holds an earlier run ({', '.join(path.name for path in found)}): "
+            "continue it with training.resume=true, or start anew in a new or empty training.output_dir, or with "
+            "--force (deletes those, keeps converted/)"
+        )
+    return found if force else []
+
+
 def save_checkpoint(accelerator: Accelerator, state: RunState, output_dir: Path, keep: int) -> Path:
     """`accelerator.save_state` (model, optimizer, each process's RNG states) and the run state as JSON into
     `checkpoints/.step-NNNNNNNN.partial`, which the main process renames to `step-NNNNNNNN` once every file is on
@@ -643,7 +671,8 @@ def read_checkpoint(checkpoint: Path, accelerator: Accelerator) -> RunState:
     if pickled := sorted(checkpoint.glob("custom_checkpoint_*.pkl")):
         raise RecipeError(
             f"{pickled[0]}: a pickled run state (what earlier versions of this recipe wrote) is not loaded, as a "
-            "pickle can run code; this checkpoint cannot be resumed: start over in a new or cleared training.output_dir"
+            "pickle can run code; this checkpoint cannot be resumed: start anew with --force or in a new "
+            "training.output_dir"
         )
     for file in sorted(checkpoint.iterdir()):
         if file.is_dir() or file.suffix in (".safetensors", ".json"):
@@ -709,11 +738,13 @@ class StopRequest:
 # The run
 
 
-def train(config: RecipeConfig) -> dict:
-    """Run the recipe; returns what `recovery.json` holds."""
+def train(config: RecipeConfig, force: bool = False) -> dict:
+    """Run the recipe; returns what `recovery.json` holds. `force`: clear the outputs of an earlier run in
+    `training.output_dir` first (`--force`)."""
     data_args, training = config.data, config.training
     output_dir = Path(training.output_dir)
     # Everything that can be refused is checked before the first model is loaded or converted.
+    earlier_outputs = check_output_dir(training, force)
     plan = plan_models(config)
     documents, eval_texts = load_documents(data_args)
 
@@ -729,6 +760,14 @@ def train(config: RecipeConfig) -> dict:
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=uses_alignment)],
     )
     set_seed(training.seed)
+    if earlier_outputs and accelerator.is_main_process:
+        for path in earlier_outputs:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        accelerator.print(f"--force: deleted {', '.join(path.name for path in earlier_outputs)} of {output_dir}")
+    accelerator.wait_for_everyone()
     checkpoint = latest_checkpoint(output_dir, accelerator) if training.resume else None
     state = read_checkpoint(checkpoint, accelerator) if checkpoint is not None else RunState()
     deepspeed_plugin = accelerator.state.deepspeed_plugin
@@ -960,7 +999,8 @@ def save_final_model(model, tokenizer, accelerator: Accelerator, output_dir: Pat
 def main(argv: list[str] | None = None) -> int:
     """Run the recipe from the command line; a refused configuration prints `error: ...` and returns 1."""
     try:
-        train(parse_config(argv))
+        args = build_parser().parse_args(argv)
+        train(read_config(args), force=args.force)
     except RecipeError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "recipes"))
 
 import train  # noqa: E402
+from arguments import parse_config  # noqa: E402, F401  (recipes/arguments.py)
 
 DATA = Path(__file__).parent / "data" / "lighthouse.jsonl"
 

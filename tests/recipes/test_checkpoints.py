@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate import Accelerator
-from recipe_runs import read_log, recipe_config, run_recipe
+from recipe_runs import read_log, recipe_config, run_recipe, train
 
 
 class PlantedCode:
@@ -131,3 +131,28 @@ def test_a_save_killed_midway_leaves_the_complete_checkpoints_to_resume_from(
     # Only complete checkpoints count towards keep_checkpoints=1: step 4 is kept, the incomplete one left alone.
     assert sorted(path.name for path in checkpoints.iterdir()) == ["step-00000004", "step-00000009"]
     assert (checkpoints / "step-00000004" / "run_state.json").is_file()
+
+
+def test_a_new_run_over_an_earlier_one_needs_resume_or_force(tiny_source, finished_run, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    before = sorted(path.relative_to(out) for path in out.rglob("*"))
+    config = recipe_config(tiny_source, out, training={"save_every": 2})
+
+    def no_model_loads(*args):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(train, "load_models", no_model_loads)
+    assert run_recipe(config, tmp_path) == 1
+    error = capsys.readouterr().err
+    assert f"training.output_dir {out} holds an earlier run (checkpoints, logs, final, recovery.json" in error
+    assert "training.resume=true" in error and "new or empty training.output_dir" in error and "--force" in error
+    assert run_recipe(config, tmp_path, "--force", "training.resume=true") == 1
+    assert "--force deletes the checkpoints training.resume=true would continue from" in capsys.readouterr().err
+    assert sorted(path.relative_to(out) for path in out.rglob("*")) == before
+    monkeypatch.undo()
+
+    assert run_recipe(config, tmp_path, "--force") == 0
+    assert "--force: deleted checkpoints, logs, final, recovery.json, recovery.png" in capsys.readouterr().out
+    assert [entry["step"] for entry in read_log(out) if "train/lr" in entry] == [1, 2]  # a new log
+    assert sorted(path.name for path in (out / "checkpoints").iterdir()) == ["step-00000002"]

@@ -2,7 +2,7 @@
 
 import pytest
 from checkpoints import make_source
-from recipe_runs import DATA, recipe_config, run_recipe, train, write_config
+from recipe_runs import DATA, parse_config, recipe_config, run_recipe, train, write_config
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_unknown_yaml_key_and_missing_config(tiny_source, tmp_path, capsys):
 
 def test_overrides_are_read_as_yaml(tiny_source, tmp_path):
     path = write_config(recipe_config(tiny_source, tmp_path / "run"), tmp_path / "recipe.yaml")
-    config = train.parse_config(
+    config = parse_config(
         ["--config", str(path), "stages.0.tokens=1e5", "training.eval_lengths=[1, 8]", "model.convert.layers=0-1"]
     )
     assert config.stages[0].tokens == 100_000 and config.training.eval_lengths == [1, 8]

@@ -10,7 +10,7 @@ import torch
 from checkpoints import make_source
 from datasets import load_dataset
 from peft import PeftModel
-from recipe_runs import DATA, ROOT, read_log, recipe_config, run_recipe, train
+from recipe_runs import DATA, ROOT, parse_config, read_log, recipe_config, run_recipe, train
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -257,7 +257,7 @@ def test_streamed_data_trains_and_resumes_at_the_same_position(tiny_source, tmp_
 def test_shipped_configs_parse_and_start_with_their_launch_line(path):
     first_line = path.read_text().splitlines()[0]
     assert first_line.startswith("# accelerate launch ") and f"--config recipes/configs/{path.name}" in first_line
-    config = train.parse_config(["--config", str(path)])
+    config = parse_config(["--config", str(path)])
     assert config.stages and config.training.output_dir
 
 
