@@ -173,7 +173,7 @@ def test_several_models_a_plot_and_passkey(checkpoints, tmp_path, capsys):
         (["--stride", "40"], "--stride 40 must be between 1 and the shortest length (32)"),
         (["--max-tokens", "40"], "--max-tokens 40 is below the longest length 64"),
         (["--model", "{path}@yarn"], "has rope_mode='drop' in every layer: the model uses no RoPE"),
-        (["--model", "{tmp}/nothing-here"], "cannot load it"),
+        (["--model", "{tmp}/nothing-here"], "nothing-here: no such file or directory"),
     ],
 )
 def test_refusals(args, message, checkpoints, tmp_path, capsys):
