@@ -135,7 +135,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         "1 for dynamic)",
     )
     parser.add_argument(
-        "--data", nargs="+", required=True, metavar="FILE", help=".txt, .jsonl or .parquet files (may be compressed)"
+        "--data",
+        nargs="+",
+        required=True,
+        metavar="FILE",
+        help=".txt, .jsonl or .parquet files (may be compressed), or directories of them",
     )
     parser.add_argument(
         "--lengths",

@@ -24,8 +24,11 @@ print(result.ppl, result.tokens, passkey_accuracy(model, tokenizer, context_leng
 
 from __future__ import annotations
 
+import bz2
 import contextlib
 import copy
+import gzip
+import lzma
 import math
 import random
 from collections.abc import Iterable, Iterator, Sequence
@@ -280,22 +283,43 @@ def perplexity(
 
 COMPRESSED_SUFFIXES = (".gz", ".xz", ".bz2", ".zst")
 _BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_DECOMPRESSORS = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
+
+
+def _data_suffix(file: Path) -> str:
+    """The suffix that says how to read `file`: `.jsonl` for `a.jsonl` and `a.jsonl.gz`."""
+    return Path(file.stem).suffix if file.suffix in COMPRESSED_SUFFIXES else file.suffix
+
+
+def _expand_directory(file: str) -> list[str]:
+    """`[file]`, or for a directory the data files directly in it (hidden files left out), sorted by name."""
+    if not Path(file).is_dir():
+        return [file]
+    found = sorted(
+        str(path)
+        for path in Path(file).iterdir()
+        if path.is_file() and not path.name.startswith(".") and _data_suffix(path) in _BUILDERS
+    )
+    if not found:
+        raise ValueError(
+            f"{file} is a directory with no data files (looked for {', '.join('*' + s for s in _BUILDERS)}, each "
+            f"optionally compressed with {', '.join(COMPRESSED_SUFFIXES)})"
+        )
+    return found
 
 
 def data_files(files: Sequence[str | Path]) -> tuple[str, dict]:
     """The `datasets` builder and its keyword arguments that read local `files`, all of one kind: `.txt` (a document
     ends at a blank line), `.jsonl` / `.json` or `.parquet`, each optionally compressed (`.gz`, `.xz`, `.bz2`, `.zst`,
-    which `datasets` decompresses itself). Raises `FileNotFoundError` / `ValueError` naming the files at fault."""
-    files = [str(file) for file in files]
+    which `datasets` decompresses itself). A directory stands for the data files directly in it, sorted by name.
+    Raises `FileNotFoundError` / `ValueError` naming the files at fault."""
+    files = [expanded for file in files for expanded in _expand_directory(str(file))]
     if not files:
         raise ValueError("no data files given")
     missing = [file for file in files if not Path(file).is_file()]
     if missing:
         raise FileNotFoundError(f"no such file(s): {', '.join(missing)}")
-    suffixes = {
-        Path(Path(file).stem).suffix if Path(file).suffix in COMPRESSED_SUFFIXES else Path(file).suffix
-        for file in files
-    }
+    suffixes = {_data_suffix(Path(file)) for file in files}
     if len(suffixes) != 1 or next(iter(suffixes)) not in _BUILDERS:
         raise ValueError(
             f"data files must all be .txt, .jsonl/.json or .parquet (optionally compressed with "
@@ -306,21 +330,44 @@ def data_files(files: Sequence[str | Path]) -> tuple[str, dict]:
     return builder, {"data_files": files, **kwargs}
 
 
+def _blank(file: str, builder: str) -> bool:
+    """Whether `file` holds nothing but whitespace (once decompressed): no documents, and nothing `datasets` reads (it
+    fails on an empty file). Only its first non-blank bytes are read."""
+    if Path(file).stat().st_size == 0:
+        return True
+    suffix = Path(file).suffix
+    if builder == "parquet" or (suffix in COMPRESSED_SUFFIXES and suffix not in _DECOMPRESSORS):
+        return False  # a parquet file has a schema; zstandard is not in the standard library
+    try:
+        with _DECOMPRESSORS.get(suffix, open)(file, "rb") as stream:
+            while chunk := stream.read(1 << 16):
+                if chunk.strip():
+                    return False
+    except (OSError, EOFError, lzma.LZMAError):  # a damaged file: `datasets` says what is wrong with it
+        return False
+    return True
+
+
 def load_texts(files: Sequence[str | Path], text_field: str = "text", streaming: bool = False):
     """The documents of local `files` (see `data_files`) as a `datasets` dataset (an `IterableDataset` if
     `streaming`) with the one column `text_field`, empty documents left out, in file order. Each file is read on its
-    own, so files whose records carry different other fields mix. Raises `ValueError` naming a file without the
-    column."""
-    from datasets import concatenate_datasets, load_dataset
+    own, so files whose records carry different other fields mix; files holding only whitespace add nothing. Raises
+    `ValueError` naming a file without the column."""
+    from datasets import Dataset, Features, Value, concatenate_datasets, load_dataset
 
     builder, kwargs = data_files(files)
     parts = []
     for file in kwargs.pop("data_files"):
+        if _blank(file, builder):
+            continue
         dataset = load_dataset(builder, data_files=[file], split="train", streaming=streaming, **kwargs)
         columns = dataset.column_names
         if columns is not None and text_field not in columns:
             raise ValueError(f"{file} has no column {text_field!r} (columns: {columns}): set the text field")
         parts.append(dataset.select_columns([text_field]))
+    if not parts:
+        empty = Dataset.from_dict({text_field: []}, features=Features({text_field: Value("string")}))
+        return empty.to_iterable_dataset() if streaming else empty
     texts = parts[0] if len(parts) == 1 else concatenate_datasets(parts)
     return texts.filter(lambda row: bool(row[text_field] and row[text_field].strip()))
 
