@@ -13,6 +13,8 @@ is or, with `@yarn`, `@dynamic` or `@linear`, with transformers' RoPE scaling of
 `path_hf.evaluation.rope_scaling`). Without a FACTOR, YaRN and linear use `length / train length` at each length (no
 scaling at or below the training length) and dynamic NTK uses 1 (it rescales by the sequence length itself).
 
+PATH is taken whole when it exists ('@' and all); ROPE may be in any case.
+
 The metrics are `path_hf.evaluation`'s, the same functions the recipes track recovery with.
 """
 
@@ -24,17 +26,16 @@ import gc
 import json
 import math
 import os
-import re
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from path_hf.evaluation import ROPE_SCALING_TYPES
+
 from .errors import ConversionError, EvaluationError
 from .options import argument_type
-
-_ROPE_SUFFIX = re.compile(r"@(linear|dynamic|yarn)(?::(\d+(?:\.\d+)?))?$")
 
 
 @dataclass(frozen=True)
@@ -48,16 +49,33 @@ class ModelSpec:
 
     @classmethod
     def parse(cls, spec: str) -> ModelSpec:
-        """`[LABEL=]PATH[@ROPE[:FACTOR]]`; the label defaults to the directory name (and `+ROPE`)."""
+        """`[LABEL=]PATH[@ROPE[:FACTOR]]`; the label defaults to the directory name (and `+ROPE`). ROPE is one of
+        `ROPE_SCALING_TYPES` in any case; an '@' in the last part of PATH starts it, unless PATH with it exists."""
+        label, path = "", spec
+        if "=" in spec.split("/")[0] and not Path(spec).expanduser().exists():
+            label, _, path = spec.partition("=")
         rope, factor = None, None
-        if found := _ROPE_SUFFIX.search(spec):
-            rope, factor = found[1], float(found[2]) if found[2] else None
-            spec = spec[: found.start()]
-        label, _, path = spec.rpartition("=") if "=" in spec.split("/")[0] else ("", "", spec)
+        if "@" in path.rsplit("/", 1)[-1] and not Path(path).expanduser().exists():
+            missing = path
+            path, _, suffix = path.rpartition("@")
+            rope, colon, factor_text = suffix.partition(":")
+            rope = rope.lower()
+            if rope not in ROPE_SCALING_TYPES:
+                raise ValueError(
+                    f"--model {spec!r}: unknown RoPE scaling {suffix.partition(':')[0]!r} (choices: "
+                    f"{', '.join(ROPE_SCALING_TYPES)}, then optionally :FACTOR); no path {missing!r} exists either"
+                )
+            if colon:
+                try:
+                    factor = float(factor_text)
+                except ValueError:
+                    factor = math.nan
+                if not (math.isfinite(factor) and factor >= 1):
+                    raise ValueError(
+                        f"--model {spec!r}: the RoPE scaling factor must be a number of at least 1, got {factor_text!r}"
+                    )
         if not path:
             raise ValueError(f"--model {spec!r} names no checkpoint: use [LABEL=]PATH[@yarn|@dynamic|@linear[:FACTOR]]")
-        if factor is not None and factor < 1:
-            raise ValueError(f"--model {spec!r}: the RoPE scaling factor must be at least 1, got {factor:g}")
         label = label or Path(path.rstrip("/")).name + (f"+{rope}" if rope else "")
         return cls(label, path, rope, factor)
 

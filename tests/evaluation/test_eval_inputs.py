@@ -1,12 +1,14 @@
-"""What `path-hf eval` refuses to score, and the inputs it reads: empty data, a data directory."""
+"""What `path-hf eval` refuses to score, and the inputs it reads: empty data, a data directory, `PATH@ROPE` specs."""
 
 import json
+import re
 import shutil
 
 import pytest
 from eval_models import EVAL_DATA
 
 from conversion.cli import main
+from conversion.evaluate import ModelSpec
 from path_hf.evaluation import data_files, read_texts
 
 
@@ -73,3 +75,40 @@ def test_a_data_directory(checkpoints, tmp_path, capsys):
     (empty / "notes.md").write_text("no data here")
     err = refused(capsys, "--model", checkpoints["llama"], "--data", empty, output=output.with_name("none.json"))
     assert f"--data: {empty} is a directory with no data files (looked for *.txt, *.jsonl, *.json, *.parquet" in err
+
+
+# PATH@ROPE
+
+
+def test_rope_suffixes(tmp_path, monkeypatch):
+    assert ModelSpec.parse("a/b@YARN:2") == ModelSpec("b+yarn", "a/b", "yarn", 2.0)  # the type in any case
+    assert ModelSpec.parse("L=runs/lr=1e-3/final@Dynamic") == ModelSpec("L", "runs/lr=1e-3/final", "dynamic")
+    for spec, message in [
+        ("a/b@longrope", "unknown RoPE scaling 'longrope' (choices: linear, dynamic, yarn, then optionally :FACTOR)"),
+        ("a/b@yarn:abc", "the RoPE scaling factor must be a number of at least 1, got 'abc'"),
+        ("a/b@yarn:", "the RoPE scaling factor must be a number of at least 1, got ''"),
+        ("a/b@linear:inf", "the RoPE scaling factor must be a number of at least 1, got 'inf'"),
+        ("a/b@yarn:0.5", "the RoPE scaling factor must be a number of at least 1, got '0.5'"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(f"--model '{spec}': {message}")):
+            ModelSpec.parse(spec)
+    # A path that exists is taken whole, '@' and all; a scaling may follow it.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpt@v2").mkdir()
+    assert ModelSpec.parse("ckpt@v2") == ModelSpec("ckpt@v2", "ckpt@v2")
+    assert ModelSpec.parse("ckpt@v2@yarn") == ModelSpec("ckpt@v2+yarn", "ckpt@v2", "yarn")
+    assert ModelSpec.parse("x@y/ckpt") == ModelSpec("ckpt", "x@y/ckpt")  # '@' before the last '/': never a scaling
+
+
+def test_a_directory_with_at_in_its_name_evaluates(checkpoints, tmp_path, capsys):
+    (tmp_path / "llama@v2").symlink_to(checkpoints["llama"], target_is_directory=True)
+    output = tmp_path / "eval.json"
+    code, err = run_eval(capsys, "--model", tmp_path / "llama@v2", "--data", EVAL_DATA, "--output", output)
+    assert code == 0, err
+    assert list(json.loads(output.read_text())["models"]) == ["llama@v2"]
+    with pytest.raises(SystemExit):  # argparse's refusal (exit code 2), naming the choices
+        run_eval(capsys, "--model", f"{checkpoints['llama']}@longrope", "--data", EVAL_DATA)
+    assert (
+        "unknown RoPE scaling 'longrope' (choices: linear, dynamic, yarn, then optionally :FACTOR)"
+        in capsys.readouterr().err
+    )
