@@ -13,7 +13,12 @@ is or, with `@yarn`, `@dynamic` or `@linear`, with transformers' RoPE scaling of
 `path_hf.evaluation.rope_scaling`). Without a FACTOR, YaRN and linear use `length / train length` at each length (no
 scaling at or below the training length) and dynamic NTK uses 1 (it rescales by the sequence length itself).
 
-PATH is taken whole when it exists ('@' and all); ROPE may be in any case.
+PATH is taken whole when it exists ('@' and all); ROPE may be in any case. `--tokenizer` gives every model a tokenizer
+(for checkpoints saved without one); `--data` takes files or directories of them.
+
+Refused before scoring, on one line: a model that is not a causal decoder (an encoder-decoder config, or logits that
+change with later tokens: `path_hf.evaluation.attends_causally`), a checkpoint directory without tokenizer files, a
+tokenizer without a vocabulary, and one that writes more than `MAX_UNKNOWN_SHARE` unknown tokens on the data.
 
 The metrics are `path_hf.evaluation`'s, the same functions the recipes track recovery with.
 """
@@ -98,6 +103,7 @@ class EvalOptions:
     models: list[ModelSpec]
     data: list[str]
     lengths: tuple[int, ...]
+    tokenizer: str | None = None
     text_field: str = "text"
     max_tokens: int = 65536
     stride: int | None = None
@@ -151,6 +157,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         help="a checkpoint (directory, hub id or llama.cpp .gguf file); repeat to compare models. @yarn, @dynamic or "
         "@linear evaluate it with that RoPE scaling (factor F; default: length / train length for yarn and linear, "
         "1 for dynamic)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="PATH_OR_ID",
+        help="the tokenizer of every --model, for checkpoints saved without one (default: each model's own)",
     )
     parser.add_argument(
         "--data",
@@ -226,6 +237,65 @@ def scaling_is_identity(rope_scaling: str, factor: float, length: int, train_len
     return factor == 1.0
 
 
+# A saved tokenizer leaves at least one of these in its directory. Without any, transformers builds an empty tokenizer
+# of the config's model type, which turns text into unknown tokens (BERT) or into almost nothing (GPT-2).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+# A tokenizer that fits the text writes few unknown tokens; more than this share of the stream is refused.
+MAX_UNKNOWN_SHARE = 0.05
+
+
+@contextlib.contextmanager
+def _loading(flag: str, source: str):
+    """Turns the errors of loading `source` into one line naming `flag` and it."""
+    try:
+        yield
+    except (OSError, ValueError) as error:
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise EvaluationError(f"{flag} {source}: cannot load it ({first_line})") from error
+    except ConversionError as error:  # a GGUF that cannot be read, a path that does not exist
+        raise EvaluationError(f"{flag} {source}: {error}") from error
+
+
+def _tokenizer_source(spec: ModelSpec, options: EvalOptions) -> tuple[str, str]:
+    """The flag and the source of the tokenizer `spec` is evaluated with."""
+    return ("--tokenizer", options.tokenizer) if options.tokenizer else ("--model", spec.path)
+
+
+def check_model(spec: ModelSpec, options: EvalOptions) -> None:
+    """Refuse, before any weights are loaded, a `--model` whose config is an encoder-decoder, and a local checkpoint
+    directory without tokenizer files (a GGUF carries its own tokenizer)."""
+    from .gguf import find_gguf
+    from .loading import load_config
+
+    with _loading("--model", spec.path):
+        config = load_config(spec.path, trust_remote_code=options.trust_remote_code)
+    if getattr(config, "is_encoder_decoder", False):
+        raise EvaluationError(
+            f"--model {spec.path} is an encoder-decoder model ({type(config).__name__}): not a causal decoder"
+        )
+    flag, source = _tokenizer_source(spec, options)
+    directory = Path(source).expanduser()
+    if not directory.is_dir():
+        return  # a hub id or a file (a GGUF carries its own tokenizer)
+    with _loading(flag, source):
+        gguf = find_gguf(source)
+    saved = any((directory / name).is_file() for name in TOKENIZER_FILES) or any(directory.glob("*.tiktoken"))
+    if gguf is None and not saved:
+        advice = "pass --tokenizer PATH_OR_ID" if flag == "--model" else "give the model's own tokenizer"
+        raise EvaluationError(
+            f"{flag} {source}: the directory holds no tokenizer files ({', '.join(TOKENIZER_FILES)}, *.tiktoken): "
+            f"{advice}"
+        )
+
+
 def evaluate_model(
     spec: ModelSpec, options: EvalOptions, texts: list[str], unscaled: dict[str, dict] | None = None
 ) -> dict:
@@ -237,31 +307,52 @@ def evaluate_model(
     import torch
 
     import path_hf  # noqa: F401  (registers PaTHLlama with the Auto classes)
-    from path_hf.evaluation import make_windows, passkey_accuracy, rope_scaling, score_windows, tokenize_stream
+    from path_hf.evaluation import (
+        attends_causally,
+        make_windows,
+        passkey_accuracy,
+        rope_scaling,
+        score_windows,
+        tokenize_stream,
+    )
 
     from .loading import load_causal_lm, load_tokenizer
 
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        tokenizer = load_tokenizer(spec.path, trust_remote_code=options.trust_remote_code)
-        model = load_causal_lm(
-            spec.path, getattr(torch, options.dtype), trust_remote_code=options.trust_remote_code
-        ).to(device)
-    except (OSError, ValueError) as error:
-        raise EvaluationError(f"--model {spec.path}: cannot load it ({str(error).strip().splitlines()[0]})") from error
-    except ConversionError as error:  # a GGUF that cannot be read
-        raise EvaluationError(f"--model {spec.path}: {error}") from error
-    train_length = _train_length(model.config, options.train_length)
-    if spec.rope_scaling and not train_length:
-        raise EvaluationError(f"--model {spec.label}: RoPE scaling needs the training length: pass --train-length")
+    flag, source = _tokenizer_source(spec, options)
+    with _loading(flag, source):
+        tokenizer = load_tokenizer(source, trust_remote_code=options.trust_remote_code)
+    if len(tokenizer) <= len(set(tokenizer.all_special_ids)):
+        raise EvaluationError(
+            f"{flag} {source}: the tokenizer has no vocabulary, only {len(tokenizer)} special token(s): give the "
+            "model's own tokenizer"
+        )
     stream = tokenize_stream(texts, tokenizer, options.max_tokens)
+    unknown = stream.count(tokenizer.unk_token_id) if tokenizer.unk_token_id is not None else 0
+    if unknown > MAX_UNKNOWN_SHARE * len(stream):
+        raise EvaluationError(
+            f"{unknown / len(stream):.0%} of the first {len(stream)} tokens of --data are the unknown token "
+            f"{tokenizer.unk_token!r}: {source}'s tokenizer does not fit the text; give the model's own (--tokenizer)"
+        )
     if len(stream) < options.lengths[-1]:
         raise EvaluationError(
             f"--data holds {len(stream)} tokens for {spec.label}'s tokenizer, fewer than the longest length "
             f"{options.lengths[-1]}: give more text or drop the longer lengths"
         )
+    with _loading("--model", spec.path):
+        model = load_causal_lm(
+            spec.path, getattr(torch, options.dtype), trust_remote_code=options.trust_remote_code
+        ).to(device)
+    if not attends_causally(model):
+        raise EvaluationError(
+            f"--model {spec.path} ({type(model).__name__}) attends in both directions: not a causal decoder"
+        )
+    train_length = _train_length(model.config, options.train_length)
+    if spec.rope_scaling and not train_length:
+        raise EvaluationError(f"--model {spec.label}: RoPE scaling needs the training length: pass --train-length")
     record = {
         "path": spec.path,
+        "tokenizer": source,
         "model_type": model.config.model_type,
         "rope_scaling": spec.rope_scaling,
         "train_length": train_length,
@@ -373,6 +464,8 @@ def run_eval(options: EvalOptions) -> dict:
         raise EvaluationError(f"--data: {error}") from error
     if not texts:
         raise EvaluationError(f"--data {' '.join(options.data)}: no non-empty documents")
+    for spec in options.models:
+        check_model(spec, options)
     report = {
         "data": options.data,
         "max_tokens": options.max_tokens,

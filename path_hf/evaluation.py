@@ -278,6 +278,24 @@ def perplexity(
     return score_windows(model, make_windows(token_ids, context_length, stride), batch_size, progress)
 
 
+@torch.no_grad()
+def attends_causally(model: nn.Module, length: int = 16, seed: int = 0) -> bool:
+    """Whether each position's logits depend only on the tokens up to it, as a causal LM's do. Works for any
+    architecture, at the cost of one forward of three `length`-token sequences: random token ids twice, and once with
+    their second half changed. The first half's logits must not change by more than the two identical rows differ
+    (float noise of the kernels; none on CPU) plus 1e-5 of their size. A bidirectional encoder with an LM head (BERT
+    loaded as `BertLMHeadModel`) fails: even a tiny random one moves them by 1e-3 of their size, a trained one by far
+    more."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab, half = model.get_input_embeddings().num_embeddings, length // 2
+    input_ids = torch.randint(vocab, (length,), generator=generator).repeat(3, 1)
+    input_ids[2, half:] = (input_ids[2, half:] + torch.randint(1, vocab, (length - half,), generator=generator)) % vocab
+    with _eval_mode(model) as device:
+        logits = model(input_ids=input_ids.to(device), use_cache=False).logits[:, :half].float()
+    noise, change = (logits[0] - logits[1]).abs().max(), (logits[0] - logits[2]).abs().max()
+    return bool(change <= 10 * noise + 1e-5 * logits[0].abs().max())
+
+
 # Text: files -> documents -> one token stream
 
 
@@ -579,6 +597,7 @@ __all__ = [
     "PerplexityResult",
     "Window",
     "answer_accuracy",
+    "attends_causally",
     "data_files",
     "make_windows",
     "passkey_accuracy",

@@ -1,15 +1,32 @@
-"""What `path-hf eval` refuses to score, and the inputs it reads: empty data, a data directory, `PATH@ROPE` specs."""
+"""What `path-hf eval` refuses to score, and the inputs it reads: empty data, a data directory, `PATH@ROPE` specs,
+models that are not causal decoders, and tokenizers that are missing or do not fit the text."""
 
 import json
 import re
 import shutil
 
 import pytest
-from eval_models import EVAL_DATA
+import torch
+from eval_models import EVAL_DATA, TOKENIZER, shapes
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import (
+    AutoModelForCausalLM,
+    BartConfig,
+    BartForConditionalGeneration,
+    BertConfig,
+    BertLMHeadModel,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
 from conversion.cli import main
 from conversion.evaluate import ModelSpec
-from path_hf.evaluation import data_files, read_texts
+from path_hf.evaluation import attends_causally, data_files, read_texts
 
 
 def run_eval(capsys, *args) -> tuple[int, str]:
@@ -26,6 +43,37 @@ def refused(capsys, *args, output) -> str:
     assert code == 1 and last.startswith("error: ") and "Traceback" not in err, err
     assert not output.exists()
     return last
+
+
+@pytest.fixture(scope="module")
+def foreign(tmp_path_factory, tokenizer) -> dict:
+    """Tiny checkpoints eval must refuse or needs help with: BERT (bidirectional) and GPT-2 saved without a tokenizer,
+    BART (an encoder-decoder) and a Llama whose word-level tokenizer knows a handful of words."""
+    root = tmp_path_factory.mktemp("foreign")
+    torch.manual_seed(0)
+    vocab, small = len(tokenizer), dict(hidden_size=32, num_attention_heads=4, intermediate_size=64)
+    paths = {name: root / name for name in ("bert", "gpt2", "bart", "words")}
+    BertLMHeadModel(
+        BertConfig(vocab_size=vocab, num_hidden_layers=2, max_position_embeddings=128, **small)
+    ).save_pretrained(paths["bert"])
+    gpt2 = GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=128)
+    GPT2LMHeadModel(gpt2).save_pretrained(paths["gpt2"])
+    bart = BartConfig(
+        vocab_size=vocab, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
+    )  # fmt: skip
+    BartForConditionalGeneration(bart).save_pretrained(paths["bart"])
+    tokenizer.save_pretrained(paths["bart"])
+    words = {"[UNK]": 0, "</s>": 1, "the": 2, "of": 3, "and": 4, ".": 5, ",": 6, "a": 7}
+    backend = Tokenizer(WordLevel(words, unk_token="[UNK]"))
+    backend.pre_tokenizer = Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="</s>").save_pretrained(
+        paths["words"]
+    )
+    config = LlamaConfig(**(shapes(tokenizer) | {"vocab_size": len(words), "bos_token_id": None, "eos_token_id": 1}))
+    config.pad_token_id = None
+    LlamaForCausalLM(config).save_pretrained(paths["words"])
+    return paths
 
 
 # Data
@@ -112,3 +160,68 @@ def test_a_directory_with_at_in_its_name_evaluates(checkpoints, tmp_path, capsys
         "unknown RoPE scaling 'longrope' (choices: linear, dynamic, yarn, then optionally :FACTOR)"
         in capsys.readouterr().err
     )
+
+
+# Models that are not causal decoders
+
+
+def test_the_causality_probe(checkpoints, foreign):
+    bert = AutoModelForCausalLM.from_pretrained(foreign["bert"])
+    assert not attends_causally(bert)
+    for kind in ("llama", "path", "qwen3"):
+        model = AutoModelForCausalLM.from_pretrained(checkpoints[kind]).train()
+        assert attends_causally(model) and model.training  # left in the mode it was in
+        assert attends_causally(model.to(torch.bfloat16))
+
+
+def test_a_bidirectional_model_is_refused(foreign, tmp_path, capsys):
+    err = refused(
+        capsys, "--model", foreign["bert"], "--tokenizer", TOKENIZER, "--data", EVAL_DATA, output=tmp_path / "e.json"
+    )
+    assert f"--model {foreign['bert']} (BertLMHeadModel) attends in both directions: not a causal decoder" in err
+
+
+def test_an_encoder_decoder_is_refused(foreign, tmp_path, capsys):
+    err = refused(capsys, "--model", foreign["bart"], "--data", EVAL_DATA, output=tmp_path / "e.json")
+    assert f"--model {foreign['bart']} is an encoder-decoder model (BartConfig): not a causal decoder" in err
+
+
+# Tokenizers
+
+
+def test_a_checkpoint_without_a_tokenizer(foreign, tmp_path, capsys):
+    for kind in ("bert", "gpt2"):
+        err = refused(capsys, "--model", foreign[kind], "--data", EVAL_DATA, output=tmp_path / "e.json")
+        assert f"--model {foreign[kind]}: the directory holds no tokenizer files (tokenizer.json, " in err
+        assert "pass --tokenizer PATH_OR_ID" in err
+    err = refused(
+        capsys, "--model", foreign["gpt2"], "--tokenizer", foreign["bert"], "--data", EVAL_DATA,
+        output=tmp_path / "e.json",
+    )  # fmt: skip
+    assert f"--tokenizer {foreign['bert']}: the directory holds no tokenizer files" in err
+
+    output = tmp_path / "eval.json"
+    code, err = run_eval(
+        capsys, "--model", foreign["gpt2"], "--tokenizer", TOKENIZER, "--data", EVAL_DATA, "--output", output
+    )
+    assert code == 0, err
+    record = json.loads(output.read_text())["models"]["gpt2"]
+    assert record["tokenizer"] == str(TOKENIZER) and record["tokens"] == 64
+
+
+def test_a_tokenizer_without_a_vocabulary(foreign, tokenizer, tmp_path, capsys):
+    """What transformers builds from a GPT-2 config without tokenizer files (one token, EOS), saved: refused."""
+    from transformers import AutoTokenizer
+
+    empty = tmp_path / "empty-tokenizer"
+    AutoTokenizer.from_pretrained(foreign["gpt2"]).save_pretrained(empty)
+    err = refused(
+        capsys, "--model", foreign["gpt2"], "--tokenizer", empty, "--data", EVAL_DATA, output=tmp_path / "e.json"
+    )
+    assert f"--tokenizer {empty}: the tokenizer has no vocabulary, only 1 special token(s)" in err
+
+
+def test_a_tokenizer_that_does_not_fit_the_text(foreign, tmp_path, capsys):
+    err = refused(capsys, "--model", foreign["words"], "--data", EVAL_DATA, output=tmp_path / "e.json")
+    assert "% of the first 64 tokens of --data are the unknown token '[UNK]'" in err
+    assert f"{foreign['words']}'s tokenizer does not fit the text" in err
