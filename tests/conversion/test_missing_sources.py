@@ -40,30 +40,33 @@ def test_eval(source, tmp_path, capsys, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def train():
-    sys.path.insert(0, str(ROOT / "recipes"))  # recipes/train.py imports its sibling arguments.py
+def recipe():
+    """recipes/arguments.py and recipes/train.py, which imports it as a sibling."""
+    sys.path.insert(0, str(ROOT / "recipes"))
     try:
+        import arguments
         import train
     finally:
         sys.path.remove(str(ROOT / "recipes"))
-    return train
+    return arguments, train
 
 
 @pytest.mark.parametrize("field", ["path", "teacher"])
 @pytest.mark.parametrize("source", ["/no/such/dir", "./missing", "missing.gguf"])
-def test_recipe_plan_models(field, source, train, tmp_path, monkeypatch):
+def test_recipe_plan_models(field, source, recipe, tmp_path, monkeypatch):
+    arguments, train = recipe
     monkeypatch.chdir(tmp_path)
     model = {"path": str(make_source(tmp_path / "llama", "llama")), "convert": {"rope": "drop"}, field: source}
-    config = {
+    tree = {
         "model": model,
         "data": {"train_files": [str(ROOT / "tests" / "recipes" / "data" / "lighthouse.jsonl")], "block_size": 16},
         "stages": [{"name": "distill", "tokens": 128, "learning_rate": 1e-3}],
         "training": {"output_dir": str(tmp_path / "run")},
     }
-    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(config))
-    recipe = train.parse_config(["--config", str(tmp_path / "recipe.yaml")])
-    with pytest.raises(train.RecipeError) as refused:
-        train.plan_models(recipe)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(tree))
+    config = arguments.parse_config(["--config", str(tmp_path / "recipe.yaml")])
+    with pytest.raises(arguments.RecipeError) as refused:
+        train.plan_models(config)
     message = str(refused.value)
     assert message.startswith(f"model.{field} {source}: cannot read its config (")
     assert_missing(message, source)
