@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -734,6 +735,26 @@ class StopRequest:
         self.signal = signum
 
 
+LAUNCHER_VARIABLES = ("ACCELERATE_MIXED_PRECISION", "TORCHELASTIC_RUN_ID")  # set by accelerate launch, by torchrun
+
+
+def follow_launcher(poll_seconds: float = 1.0) -> None:
+    """Under `accelerate launch` or torchrun, send this process SIGTERM when its launcher dies, so that it checkpoints
+    and exits (`StopRequest`). accelerate's one-process launcher dies of a SIGTERM (from `kill`, `timeout`, a
+    scheduler) without passing it on, and the training process would otherwise train on, re-parented; this also
+    covers a launcher killed by SIGKILL. A script started from a shell keeps running when the shell exits (nohup)."""
+    if not any(name in os.environ for name in LAUNCHER_VARIABLES):
+        return
+    launcher = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(poll_seconds)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="follow-launcher", daemon=True).start()
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The run
 
@@ -1011,4 +1032,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    follow_launcher()
     sys.exit(main())

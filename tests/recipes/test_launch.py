@@ -1,5 +1,6 @@
-"""recipes/train.py as a program: two CPU processes under `accelerate launch`, and SIGTERM."""
+"""recipes/train.py as a program: two CPU processes under `accelerate launch`, and SIGTERM to it or to its launcher."""
 
+import contextlib
 import json
 import os
 import signal
@@ -9,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from recipe_runs import ROOT, read_log, recipe_config, write_config
+from recipe_runs import ROOT, read_log, recipe_config, run_recipe, write_config
 
 
 def environment() -> dict[str, str]:
@@ -49,6 +50,15 @@ def test_two_processes_finish_with_the_same_weights(tiny_source, tmp_path):
     assert (out / "final" / "model.safetensors").is_file()
 
 
+def wait_for_training(process: subprocess.Popen, out: Path) -> None:
+    """Until `process` has logged its first training step."""
+    log = out / "logs" / "recovery" / "log.jsonl"
+    deadline = time.monotonic() + 120
+    while not (log.is_file() and any("train/lr" in entry for entry in read_log(out))):
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-3000:]
+        time.sleep(0.2)
+
+
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tiny_source, tmp_path):
     out = tmp_path / "run"
     stages = [{"name": "lm", "tokens": 64 * 10_000, "learning_rate": 1e-3}]
@@ -61,11 +71,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tiny_source, tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    log = out / "logs" / "recovery" / "log.jsonl"
-    deadline = time.monotonic() + 120
-    while not (log.is_file() and any("train/lr" in entry for entry in read_log(out))):
-        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-3000:]
-        time.sleep(0.2)
+    wait_for_training(process, out)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
 
@@ -74,3 +80,40 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tiny_source, tmp_path):
     stopped_at = int(stderr.split("stopped by a signal at step ")[1].split(";")[0])
     assert 1 <= stopped_at < 10_000
     assert (out / "checkpoints" / f"step-{stopped_at:08d}" / "model.safetensors").is_file()
+
+
+def test_sigterm_to_the_launcher_stops_training_with_a_checkpoint_to_resume_from(tiny_source, tmp_path):
+    """What `kill`, `timeout` and job schedulers do: SIGTERM to `accelerate launch`, which dies of it at once."""
+    out = tmp_path / "run"
+    stages = [{"name": "lm", "tokens": 64 * 10_000, "learning_rate": 1e-3}]
+    config = recipe_config(tiny_source, out, stages=stages)
+    accelerate = Path(sys.executable).with_name("accelerate")
+    command = [
+        str(accelerate), "launch", "--cpu", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
+        "--dynamo_backend", "no", "recipes/train.py", "--config", str(write_config(config, tmp_path / "recipe.yaml")),
+    ]  # fmt: skip
+    launcher = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a process group holding the launcher and train.py, for the cleanup below
+    )
+    try:
+        wait_for_training(launcher, out)
+        launcher.send_signal(signal.SIGTERM)
+        # train.py writes to the launcher's stdout and stderr: they close when it has exited too.
+        _, stderr = launcher.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)  # a train.py still training after its launcher died
+    assert launcher.returncode == -signal.SIGTERM
+    stopped_at = int(stderr.split("stopped by a signal at step ")[1].split(";")[0])
+    assert (out / "checkpoints" / f"step-{stopped_at:08d}" / "run_state.json").is_file()
+
+    config["stages"][0]["tokens"] = 64 * (stopped_at + 1)
+    config["training"]["resume"] = True
+    assert run_recipe(config, tmp_path) == 0
+    assert [entry["step"] for entry in read_log(out) if "train/lr" in entry] == list(range(1, stopped_at + 2))
