@@ -929,7 +929,7 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
                 progress.close()
                 accelerator.end_training()
                 raise Interrupted(
-                    f"stopped by a signal at step {state.step}; checkpoint {path}; resume with resume=true"
+                    f"stopped by a signal at step {state.step}; checkpoint {path}; resume with training.resume=true"
                 )
         progress.close()
 
