@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from .convert import convert
 from .errors import CommandError
@@ -36,18 +39,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM (what `kill`, `timeout` and job schedulers send) raises `KeyboardInterrupt` as
+    Ctrl-C does, so that the same cleanups run; a second SIGTERM during them is ignored. The previous handler is
+    restored on exit. Only the main thread receives signals: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `path-hf` with `argv` (default: `sys.argv[1:]`); returns the exit code.
 
     A refused or failed command prints `error: <message>` on one line and returns 1; `--debug` adds the traceback.
+    Ctrl-C or SIGTERM cleans up and returns 130.
     """
     args = build_parser().parse_args(argv)
     debug = getattr(args, "debug", False)
     try:
-        if args.command == "convert":
-            convert(options_from_args(args, ConvertOptions))
-        elif args.command == "eval":
-            run_eval(eval_options_from_args(args))
+        with sigterm_as_interrupt():
+            if args.command == "convert":
+                convert(options_from_args(args, ConvertOptions))
+            elif args.command == "eval":
+                run_eval(eval_options_from_args(args))
     except KeyboardInterrupt:
         print("interrupted; nothing was written", file=sys.stderr)
         return 130

@@ -4,7 +4,9 @@
 The plan reads the source `config.json`, checks the architecture, and reads every shard's header: names, dtypes,
 shapes, but no data. Writing walks the source tensors shard by shard, in data order, into output shards cut by
 bytes; the new PaTH parameters of a layer are made (with PaTHLlama's own init) right after the layer's last
-source tensor. Everything goes to a temporary directory beside the destination, renamed into place at the end.
+source tensor. Everything goes to a temporary directory beside the destination, renamed into place at the end; its
+name holds the host and the process id, so that a later conversion to the same destination removes it if a killed
+run left it behind.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -61,8 +64,14 @@ if TYPE_CHECKING:
 # Files of a source directory that are not carried over as they are: weights, and what the converter writes.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx")
 _REPLACED_FILES = (CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME, "README.md")
-# Headroom kept free on the destination's file system beyond the bytes written.
-_DISK_MARGIN = 256 * 2**20
+# Headroom kept free on the destination's file system beyond the bytes written (file-system blocks and metadata, other
+# writers meanwhile): 1/16 of the output plus 128 KiB, at most 256 MiB (reached at a 4 GiB output).
+_DISK_MARGIN_MAX = 256 * 2**20
+_DISK_MARGIN_FIXED = 128 * 2**10
+# Directories a conversion writes beside DST: the output being written (tmp), a GGUF materialised as a checkpoint
+# (gguf), a replaced DST being deleted (old). Named `.DST.KIND-HOST-PID-TOKEN` (by older versions `.DST.KIND-TOKEN`).
+STAGING_KINDS = ("tmp", "gguf", "old")
+_HOST = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "localhost"
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 # Options that do not shape the output (the source is recorded on its own), left out of `path_conversion`.
 _UNRECORDED_OPTIONS = ("source", "output", "revision", "gguf_file", "dry_run", "verify", "force", "debug")
@@ -229,17 +238,123 @@ def check_destination(output: Path, source: Path, force: bool) -> None:
         raise ConversionError(f"the source {source} is inside the destination {output}, which would be replaced.")
 
 
+def disk_margin(needed: int) -> int:
+    """The free space kept beyond `needed` bytes written: 1/16 of them plus 128 KiB, at most 256 MiB."""
+    return min(_DISK_MARGIN_MAX, needed // 16 + _DISK_MARGIN_FIXED)
+
+
 def check_disk_space(output: Path, needed: int) -> None:
-    """Refuse when the destination's file system has less free space than the output plus a margin."""
+    """Refuse when the destination's file system has less free space than the output plus a margin
+    (`disk_margin`). Staging directories of dead processes beside `output` count as free, since a conversion
+    removes them first (`clear_stale_staging`); those of other live or unknown processes are named if space is
+    short."""
     existing = output.resolve()
     while not existing.exists():
         existing = existing.parent
     free = shutil.disk_usage(existing).free
-    if free < needed + _DISK_MARGIN:
-        raise ConversionError(
-            f"not enough free disk space in {existing}: the output needs {_size(needed)} (+ {_size(_DISK_MARGIN)} "
-            f"margin), {_size(free)} is free."
+    staging = [directory for directory in find_staging(output) if directory.pid != os.getpid()]
+    reclaimable = sum(directory.size for directory in staging if directory.state == "dead")
+    margin = disk_margin(needed)
+    if free + reclaimable < needed + margin:
+        removable = f" (+ {_size(reclaimable)} in stale staging directories to remove)" if reclaimable else ""
+        held = [directory for directory in staging if directory.state != "dead"]
+        held_by = (
+            f"; {_size(sum(d.size for d in held))} is held by staging directories of other conversions: "
+            f"{', '.join(d.path.name for d in held)}"
+            if held
+            else ""
         )
+        raise ConversionError(
+            f"not enough free disk space in {existing}: the output needs {_size(needed)} (+ {_size(margin)} "
+            f"margin), {_size(free)} is free{removable}{held_by}."
+        )
+
+
+def staging_directory(output: Path, kind: str) -> Path:
+    """A new path beside `output` for a directory a conversion to `output` writes (`kind`, one of `STAGING_KINDS`),
+    naming this host and process: `.DST.KIND-HOST-PID-TOKEN`."""
+    return output.with_name(f".{output.name}.{kind}-{_HOST}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+@dataclass(frozen=True)
+class StagingDirectory:
+    """A directory a conversion to the same destination wrote, found beside it (`find_staging`)."""
+
+    path: Path
+    host: str | None  # None: named by an older version, which recorded no process
+    pid: int | None
+
+    @property
+    def state(self) -> str:
+        """`dead`: its process, on this host, no longer runs. `running`: it does (or its pid was reused).
+        `unknown`: another host's, or named without a process."""
+        if self.pid is None or self.host != _HOST:
+            return "unknown"
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return "dead"
+        except PermissionError:  # another user's process
+            return "running"
+        return "running"
+
+    @property
+    def size(self) -> int:
+        """Bytes it occupies on disk."""
+        total = 0
+        for root, _, files in os.walk(self.path):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(root, name)).st_blocks * 512
+                except OSError:  # removed meanwhile
+                    pass
+        return total
+
+    def describe(self) -> str:
+        owner = {
+            "dead": f"left by process {self.pid}, which is no longer running",
+            "running": f"of running process {self.pid} on this host (another conversion to the same destination?)",
+            "unknown": f"of process {self.pid} on host {self.host}"
+            if self.pid is not None
+            else "left by an older path-hf, which did not record its process",
+        }[self.state]
+        return f"{self.path} ({_size(self.size)}), {owner}"
+
+
+def find_staging(output: Path) -> list[StagingDirectory]:
+    """The staging directories of conversions to `output` beside it, whoever wrote them."""
+    output = output.resolve()
+    pattern = re.compile(
+        rf"\.{re.escape(output.name)}\.(?:{'|'.join(STAGING_KINDS)})-(?:(?P<host>.+)-(?P<pid>\d+)-)?[0-9a-f]{{8}}"
+    )
+    if not output.parent.is_dir():
+        return []
+    return [
+        StagingDirectory(path, found["host"], int(found["pid"]) if found["pid"] else None)
+        for path in sorted(output.parent.iterdir())
+        if (found := pattern.fullmatch(path.name)) and path.is_dir() and not path.is_symlink()
+    ]
+
+
+def clear_stale_staging(output: Path, remove: bool = True) -> None:
+    """Remove (if `remove`) the staging directories beside `output` that a killed conversion left, saying so; name
+    those of a process still running, or that cannot be checked, and leave them."""
+    for directory in find_staging(output):
+        if directory.state != "dead":
+            print(
+                f"warning: left as it is: {directory.describe()}; delete it once no conversion to {output.name} runs",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif not remove:
+            print(f"stale staging directory {directory.describe()}: a conversion removes it", flush=True)
+        else:
+            description = directory.describe()
+            shutil.rmtree(directory.path, ignore_errors=True)
+            if directory.path.exists():
+                print(f"warning: cannot remove {description}", file=sys.stderr, flush=True)
+            else:
+                print(f"removed stale staging directory {description}", flush=True)
 
 
 def new_parameters(config: PaTHLlamaConfig) -> list[TensorMeta]:
@@ -485,12 +600,12 @@ def atomic_directory(output: Path) -> Iterator[Path]:
     interrupted. An existing `output` is replaced only at that final rename."""
     output = output.resolve()
     output.parent.mkdir(parents=True, exist_ok=True)
-    staging = output.with_name(f".{output.name}.tmp-{secrets.token_hex(4)}")
+    staging = staging_directory(output, "tmp")
     staging.mkdir()
     try:
         yield staging
         if output.exists():
-            replaced = output.with_name(f".{output.name}.old-{secrets.token_hex(4)}")
+            replaced = staging_directory(output, "old")
             os.replace(output, replaced)
             os.replace(staging, output)
             if replaced.is_dir():
@@ -507,9 +622,11 @@ def atomic_directory(output: Path) -> Iterator[Path]:
 def convert(options: ConvertOptions) -> ConversionPlan:
     """Run `path-hf convert`: plan, print the plan, and (unless `--dry-run`) write and optionally verify the
     converted checkpoint, atomically. A GGUF source is materialised first, beside the destination, and removed at
-    the end whatever happens."""
+    the end whatever happens. Staging directories that killed conversions to the same destination left are removed
+    first (`clear_stale_staging`)."""
     from .gguf import gguf_source  # reads GGUF files: imports convert
 
+    clear_stale_staging(Path(options.output).expanduser(), remove=not options.dry_run)
     with gguf_source(options) as source:
         plan = plan_conversion(options, source)
         print(plan.describe(), flush=True)
@@ -532,15 +649,21 @@ __all__ = [
     "ConversionPlan",
     "OutputTensor",
     "Source",
+    "STAGING_KINDS",
+    "StagingDirectory",
     "atomic_directory",
     "check_destination",
     "check_disk_space",
+    "clear_stale_staging",
     "convert",
+    "disk_margin",
+    "find_staging",
     "init_new_parameters",
     "layer_seed",
     "model_card",
     "new_parameters",
     "plan_conversion",
     "resolve_source",
+    "staging_directory",
     "write_conversion",
 ]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import importlib.metadata
 import math
-import secrets
 import shutil
 import sys
 from collections import Counter
@@ -46,7 +45,7 @@ from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURE
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME
 
 from .architectures import ARCHITECTURES
-from .convert import Source, check_destination, check_disk_space
+from .convert import Source, check_destination, check_disk_space, staging_directory
 from .errors import ConversionError
 from .io import SafetensorsWriter, SourceTensor, SourceWeights, TensorMeta
 from .options import ConvertOptions
@@ -363,7 +362,7 @@ def gguf_source(options: ConvertOptions) -> Iterator[Source | None]:
     # The materialised checkpoint, and an output of about its size (checked exactly once the conversion is planned).
     check_disk_space(output, 2 * weight_bytes)
     output.parent.mkdir(parents=True, exist_ok=True)
-    directory = output.with_name(f".{output.name}.gguf-{secrets.token_hex(4)}")
+    directory = staging_directory(output, "gguf")
     directory.mkdir()
     try:
         checkpoint = materialise(file, directory, dtype, weights=not options.dry_run)

@@ -290,8 +290,8 @@ def test_not_enough_disk_space_counts_the_materialised_checkpoint(tmp_path, caps
         output_bytes = conversion.convert.plan_conversion(options, materialised).bytes_to_write
     weights = sum(int(tensor.n_elements) for tensor in gguf.GGUFReader(source).tensors) * 4  # in float32
     # Room for the output, not for the materialised checkpoint beside it.
-    free = conversion.convert._DISK_MARGIN + int(1.5 * weights)
-    assert conversion.convert._DISK_MARGIN + output_bytes < free
+    free = conversion.convert.disk_margin(2 * weights) + int(1.5 * weights)
+    assert conversion.convert.disk_margin(output_bytes) + output_bytes < free
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(conversion.convert.shutil, "disk_usage", lambda path: usage(10**12, 10**12 - free, free))
     assert_refused(capsys, tmp_path, source, message="not enough free disk space")

@@ -137,9 +137,11 @@ def test_source_inside_destination(tmp_path, capsys):
 
 def test_not_enough_disk_space(tmp_path, capsys, monkeypatch):
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(conversion.convert.shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 10**6, 10**6))
+    # 529 KB to write and a 161 KB margin
+    monkeypatch.setattr(conversion.convert.shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 10**6, 600_000))
     source = make_source(tmp_path / "source", "llama")
-    assert_refused(capsys, tmp_path, source, message="not enough free disk space")
+    err = assert_refused(capsys, tmp_path, source, message="not enough free disk space")
+    assert "the output needs 528.82 KB (+ 164.12 KB margin), 600.00 KB is free." in err
 
 
 def test_existing_destination_needs_force(tmp_path, capsys):
