@@ -6,7 +6,7 @@ shapes, but no data. Writing walks the source tensors shard by shard, in data or
 bytes; the new PaTH parameters of a layer are made (with PaTHLlama's own init) right after the layer's last
 source tensor. Everything goes to a temporary directory beside the destination, renamed into place at the end; its
 name holds the host and the process id, so that a later conversion to the same destination removes it if a killed
-run left it behind.
+run left it behind. Every tensor is checked for NaN and Inf as it is written.
 """
 
 from __future__ import annotations
@@ -47,13 +47,16 @@ from path_hf.modeling_path_llama import PaTHLlamaAttention, PaTHLlamaRoPEAttenti
 from .architectures import Architecture, check_attention, check_source_config, check_source_tensors, path_config_from
 from .errors import ConversionError
 from .io import (
+    NonFiniteValues,
     SafetensorsWriter,
     SourceReader,
     SourceTensor,
     SourceWeights,
     TensorMeta,
+    count_nonfinite,
     shard_file_names,
     split_into_shards,
+    value_chunks,
     write_index,
 )
 from .options import ConvertOptions, format_layers
@@ -72,6 +75,8 @@ _DISK_MARGIN_FIXED = 128 * 2**10
 # (gguf), a replaced DST being deleted (old). Named `.DST.KIND-HOST-PID-TOKEN` (by older versions `.DST.KIND-TOKEN`).
 STAGING_KINDS = ("tmp", "gguf", "old")
 _HOST = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "localhost"
+# Warnings list at most this many tensors holding non-finite values.
+_NAMED_TENSORS = 5
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 # Options that do not shape the output (the source is recorded on its own), left out of `path_conversion`.
 _UNRECORDED_OPTIONS = ("source", "output", "revision", "gguf_file", "dry_run", "verify", "force", "debug")
@@ -466,10 +471,35 @@ def plan_conversion(options: ConvertOptions, source: Source | None = None) -> Co
 
 
 def write_conversion(plan: ConversionPlan, directory: Path) -> None:
-    """Write the converted checkpoint `plan` describes into the existing, empty `directory`."""
+    """Write the converted checkpoint `plan` describes into the existing, empty `directory`.
+
+    Each source tensor is checked for NaN and Inf as it is written, and so is what casting it to `--dtype` gives:
+    the first one that holds any raises `ConversionError`; with `--allow-nonfinite`, they are written and named in
+    a warning."""
     config, options = plan.config, plan.options
     file_names = shard_file_names(len(plan.shards))
     new_tensors: dict[str, torch.Tensor] = {}
+    nonfinite: list[NonFiniteValues] = []
+
+    def finite(tensor: OutputTensor, chunks, cast: bool = False) -> bool:
+        found = count_nonfinite(tensor.name, chunks)
+        if found is None:
+            return True
+        if not options.allow_nonfinite:
+            if cast:
+                dtype = str(tensor.dtype).removeprefix("torch.")
+                raise ConversionError(
+                    f"{plan.source.name}: tensor {tensor.name!r} becomes {found.describe()} when cast to {dtype} "
+                    "(values beyond its range); choose a wider --dtype, or pass --allow-nonfinite to convert it "
+                    "anyway."
+                )
+            raise ConversionError(
+                f"{plan.source.name}: tensor {tensor.name!r} holds {found.describe()}, so the model computes NaN; "
+                "repair or re-export the checkpoint, or pass --allow-nonfinite to convert it as it is."
+            )
+        nonfinite.append(found)
+        return False
+
     with SourceReader() as reader:
         for shard, file_name in zip(plan.shards, file_names, strict=True):
             print(f"writing {file_name} ({_size(sum(t.nbytes for t in shard))})", flush=True)
@@ -484,9 +514,23 @@ def write_conversion(plan: ConversionPlan, directory: Path) -> None:
                             }
                         writer.write_tensor(tensor, new_tensors[tensor.name])
                     elif tensor.source.offset is not None and tensor.dtype == tensor.source.dtype:
+                        finite(tensor, reader.chunks(tensor.source))  # read now, copied from the page cache
                         writer.copy_tensor(tensor, reader.raw_file(tensor.source), tensor.source.offset)
                     else:
-                        writer.write_tensor(tensor, reader.tensor(tensor.source).to(tensor.dtype))
+                        stored = reader.tensor(tensor.source)
+                        data = stored.to(tensor.dtype)
+                        if finite(tensor, value_chunks(stored)) and data.dtype != stored.dtype:
+                            finite(tensor, value_chunks(data), cast=True)
+                        writer.write_tensor(tensor, data)
+    if nonfinite:
+        named = ", ".join(f"{found.name} ({found.describe()})" for found in nonfinite[:_NAMED_TENSORS])
+        more = f" and {len(nonfinite) - _NAMED_TENSORS} more" if len(nonfinite) > _NAMED_TENSORS else ""
+        print(
+            f"warning: {len(nonfinite)} tensor(s) hold NaN or Inf, converted as they are (--allow-nonfinite): "
+            f"{named}{more}",
+            file=sys.stderr,
+            flush=True,
+        )
     if len(plan.shards) > 1:
         write_index(directory, plan.shards, file_names)
 

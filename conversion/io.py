@@ -5,6 +5,10 @@ Nothing here holds a model: a source shard is known by its header (names, dtypes
 tensors are copied one at a time. A `.safetensors` tensor whose dtype does not change is copied file to file as
 raw bytes (`os.copy_file_range`), so it is bit-identical by construction and memory stays at a few MB whatever
 the shard size.
+
+Every tensor written can be checked for NaN and infinite values on the way (`count_nonfinite`): before a raw copy,
+the tensor is read through a memory map of its file, 16 MiB at a time (`SourceReader.chunks`), which leaves it in the
+page cache for the copy that follows.
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ from __future__ import annotations
 import errno
 import json
 import math
+import mmap
 import os
 import struct
-from collections.abc import Iterator, Sequence
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +47,8 @@ SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
 }
 _SAFETENSORS_NAMES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
 _COPY_CHUNK = 64 * 2**20
+# Pieces in which tensors are checked for NaN and Inf: what a raw copy's check adds to the peak RSS.
+_CHECK_CHUNK = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,48 @@ class TensorMeta:
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class NonFiniteValues:
+    """The NaN and infinite values of tensor `name`, which holds `numel` values."""
+
+    name: str
+    nan: int
+    inf: int
+    numel: int
+
+    def describe(self) -> str:
+        """`"3 NaN and 1 Inf of its 6,144 values"`."""
+        counts = " and ".join(f"{count:,} {kind}" for count, kind in ((self.nan, "NaN"), (self.inf, "Inf")) if count)
+        return f"{counts} of its {self.numel:,} values"
+
+
+def value_chunks(data: torch.Tensor, chunk_bytes: int = _CHECK_CHUNK) -> Iterator[torch.Tensor]:
+    """The values of `data`, flattened, in views of at most `chunk_bytes`."""
+    flat = data.reshape(-1)
+    step = max(1, chunk_bytes // data.element_size())
+    for start in range(0, flat.numel(), step):
+        yield flat[start : start + step]
+
+
+def count_nonfinite(name: str, chunks: Iterable[torch.Tensor]) -> NonFiniteValues | None:
+    """The NaN and infinite values among the `chunks` of tensor `name`, or None when they are all finite (or not
+    floating point). One min/max reduction a chunk, which propagates NaN and holds any Inf, costs a few percent of
+    reading the chunk; the values are counted only in a chunk that has some."""
+    nan = inf = numel = 0
+    for chunk in chunks:
+        numel += chunk.numel()
+        if not chunk.dtype.is_floating_point or not chunk.numel():
+            continue
+        if chunk.dtype.itemsize == 1:  # float8: no min/max on CPU; float16 holds every value, NaN and Inf included
+            chunk = chunk.to(torch.float16)
+        low, high = torch.aminmax(chunk)
+        if bool(low.isfinite() & high.isfinite()):
+            continue
+        nan += int(chunk.isnan().sum())
+        inf += int(chunk.isinf().sum())
+    return NonFiniteValues(name, nan, inf, numel) if nan or inf else None
 
 
 @dataclass(frozen=True)
@@ -189,6 +239,7 @@ class SourceReader:
         self._path: Path | None = None
         self._file = None
         self._state_dict: dict[str, torch.Tensor] | None = None
+        self._map: mmap.mmap | None = None  # of `_file`, made by `chunks`
 
     def _open(self, path: Path) -> None:
         if path == self._path:
@@ -215,15 +266,43 @@ class SourceReader:
             view = view[read:]
         return torch.frombuffer(data, dtype=torch.uint8).view(source.dtype).reshape(source.shape)
 
+    def chunks(self, source: SourceTensor, chunk_bytes: int = _CHECK_CHUNK) -> Iterator[torch.Tensor]:
+        """The tensor's values, flattened, in pieces of at most `chunk_bytes`: views of a `.safetensors` file mapped
+        read-only (or of a `.bin` file's tensor), whose pages are unmapped again once the next piece is asked for."""
+        self._open(source.file)
+        if self._state_dict is not None:
+            yield from value_chunks(self._state_dict[source.name], chunk_bytes)
+            return
+        if self._map is None:
+            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        if source.offset + source.nbytes > len(self._map):
+            raise ConversionError(f"{source.file.name} ends inside tensor {source.name!r}.")
+        chunk_bytes -= chunk_bytes % source.dtype.itemsize
+        for start in range(source.offset, source.offset + source.nbytes, chunk_bytes):
+            count = min(chunk_bytes, source.offset + source.nbytes - start)
+            with warnings.catch_warnings():  # torch warns that the map is read-only, which the pieces are too
+                warnings.simplefilter("ignore", UserWarning)
+                chunk = torch.frombuffer(self._map, dtype=torch.uint8, count=count, offset=start)
+            yield chunk.view(source.dtype)
+            # Unmap the pages read, which the process's RSS would otherwise count; they stay in the page cache, and
+            # a piece still held reads them from there again.
+            page = start - start % mmap.PAGESIZE
+            self._map.madvise(mmap.MADV_DONTNEED, page, start + count - page)
+
     def raw_file(self, source: SourceTensor):
         """The open `.safetensors` file holding `source`, for a raw byte copy."""
         self._open(source.file)
         return self._file
 
     def close(self) -> None:
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a piece is still held: the map closes when it is freed
+                pass
         if self._file is not None:
             self._file.close()
-        self._path, self._file, self._state_dict = None, None, None
+        self._path, self._file, self._state_dict, self._map = None, None, None, None
 
     def __enter__(self) -> SourceReader:
         return self
@@ -344,15 +423,18 @@ class SafetensorsWriter:
 
 __all__ = [
     "SAFETENSORS_DTYPES",
+    "NonFiniteValues",
     "SafetensorsWriter",
     "SourceReader",
     "SourceTensor",
     "SourceWeights",
     "TensorMeta",
+    "count_nonfinite",
     "load_pytorch_file",
     "read_pytorch_header",
     "read_safetensors_header",
     "shard_file_names",
     "split_into_shards",
+    "value_chunks",
     "write_index",
 ]

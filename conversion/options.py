@@ -141,6 +141,13 @@ class ConvertOptions:
         default=False,
         metadata={"help": "convert a model whose head dim FLA's kernel cannot run; the torch backend runs any"},
     )
+    allow_nonfinite: bool = field(
+        default=False,
+        metadata={
+            "help": "convert weights that hold NaN or Inf (or become Inf when cast to --dtype) as they are, naming "
+            "them in a warning; by default the first such tensor stops the conversion"
+        },
+    )
     dry_run: bool = field(
         default=False,
         metadata={"help": "print the plan (architecture, layers converted, parameters added, bytes) and write nothing"},

@@ -10,7 +10,8 @@ however deep and wide the model: in float32 the PaTH layer's chunked attention a
 other orders, drift apart by 4e-5 to 7e-5 over SmolLM2's 30 layers already. The difference is measured relative
 to the spread of the source's logits, `max |logits - source logits| / std(source logits)`, so the limit means the
 same for every model. A failure names the first output that differs (the input embeddings, a layer's, the final
-norm's, or the logits), which points at the wrong tensor.
+norm's, or the logits), which points at the wrong tensor. Logits that hold NaN or Inf (weights converted with
+`--allow-nonfinite`) cannot be compared: the failure says so and names the first output that is not finite.
 
 Memory stays bounded whatever the model size: decoder layers are streamed from the checkpoint files (a layer's
 weights are loaded just before it runs and dropped after), the input embeddings are gathered row by row for the
@@ -208,18 +209,28 @@ def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
     print(f"verify: running the source and the converted model on {input_ids.shape[1]} tokens in float64", flush=True)
     round_to = {tensor.source.name: tensor.dtype for tensor in plan.tensors if tensor.source is not None}
     source_stages: dict[str, torch.Tensor] = {}
+    source_nonfinite: list[str] = []  # the stages whose output holds NaN or Inf, in order
+
+    def record(stage: str, hidden_states: torch.Tensor) -> None:
+        source_stages[stage] = hidden_states
+        if not hidden_states.isfinite().all():
+            source_nonfinite.append(stage)
+
     source_logits = streamed_logits(
         AutoConfig.from_pretrained(plan.source.path),
         CheckpointTensors(plan.weights, round_to),
         input_ids,
-        observe=source_stages.__setitem__,
+        observe=record,
     )
 
     differing: list[str] = []  # the stages whose output differs from the source's, in order
+    converted_nonfinite: list[str] = []
 
     def compare(stage: str, hidden_states: torch.Tensor) -> None:
         if not relative_difference(hidden_states, source_stages.pop(stage)) <= VERIFY_TOLERANCE:
             differing.append(stage)
+        if not hidden_states.isfinite().all():
+            converted_nonfinite.append(stage)
 
     converted = CheckpointTensors(SourceWeights.from_directory(directory))
     config = AutoConfig.from_pretrained(directory)
@@ -232,6 +243,17 @@ def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
             f"verification failed: the converted checkpoint holds tensors the model does not use, e.g. "
             f"{sorted(converted.unused)[0]!r}."
         )
+    for model, logits, stages in (
+        ("source", source_logits, source_nonfinite),
+        ("converted model", identity_logits, converted_nonfinite),
+    ):
+        if not logits.isfinite().all():
+            first = stages[0] if stages else "the logits (the head)"
+            raise ConversionError(
+                f"verification failed: the {model}'s logits hold NaN or Inf (first at {first}): its weights hold "
+                "non-finite values (converted with --allow-nonfinite), so the models cannot be compared; convert "
+                "without --verify to keep them."
+            )
     difference = relative_difference(identity_logits, source_logits)
     print(
         f"verify: max |logits - source logits| / std(source logits) = {difference:.3g} in float64, with RoPE kept "
