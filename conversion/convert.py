@@ -293,7 +293,7 @@ class StagingDirectory:
     def state(self) -> str:
         """`dead`: its process, on this host, no longer runs. `running`: it does (or its pid was reused).
         `unknown`: another host's, or named without a process."""
-        if self.pid is None or self.host != _HOST:
+        if self.pid is None or self.host != _HOST or os.name != "posix":  # Windows' os.kill would end the process
             return "unknown"
         try:
             os.kill(self.pid, 0)
@@ -301,6 +301,8 @@ class StagingDirectory:
             return "dead"
         except PermissionError:  # another user's process
             return "running"
+        except OverflowError:  # not a process id
+            return "unknown"
         return "running"
 
     @property
