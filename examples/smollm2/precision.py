@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 import path_hf  # noqa: F401  (registers PaTHLlama with the Auto classes)
+from conversion.errors import CommandError
 from conversion.loading import load_causal_lm, load_tokenizer
 from path_hf.evaluation import read_texts, tokenize_stream
 
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(json.dumps(result), flush=True)
                 results.append(result)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, CommandError) as e:
         print("error: " + " ".join(str(e).split()), file=sys.stderr)  # one line
         return 1
     print(table(results))
