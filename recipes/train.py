@@ -48,6 +48,7 @@ from arguments import (
 from datasets import Dataset, IterableDataset, load_dataset
 from peft import LoraConfig, get_peft_model
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import PretrainedConfig
@@ -155,6 +156,19 @@ def load_models(config: RecipeConfig, plan: ModelPlan, accelerator: Accelerator)
             teacher = load_causal_lm(plan.teacher, getattr(torch, config.model.teacher_dtype))
         teacher.eval().requires_grad_(False)
     return student, teacher
+
+
+def shard_teacher(teacher: nn.Module, accelerator: Accelerator) -> nn.Module:
+    """The frozen teacher sharded under FSDP2 one decoder layer at a time, as accelerate shards the student (its
+    `prepare` takes a model only with the optimizer that trains it under FSDP2, and `prepare_model(evaluation_mode=
+    True)` leaves a model whole and where it was loaded). It only runs forward: no mixed-precision policy, it is
+    loaded in `model.teacher_dtype`."""
+    from torch.distributed.fsdp import fully_shard
+
+    plugin = accelerator.state.fsdp_plugin
+    for layer in teacher.get_decoder().layers:
+        fully_shard(layer, reshard_after_forward=plugin.reshard_after_forward, offload_policy=plugin.cpu_offload)
+    return fully_shard(teacher, offload_policy=plugin.cpu_offload)
 
 
 PATH_MODULES = ("w_proj", "w_conv1d", "bt_proj", "g_proj")
@@ -395,8 +409,11 @@ class AttentionAlignment:
         with torch.no_grad():
             teacher(**inputs, logits_to_keep=1)
         if not self.isolated:
-            model(**inputs, logits_to_keep=1)
-            return torch.stack([self._layer_loss(i) for i in sorted(self.outputs)]).mean()
+            logits = model(**inputs, logits_to_keep=1).logits
+            loss = torch.stack([self._layer_loss(i) for i in sorted(self.outputs)]).mean()
+            # FSDP2 gathers a layer's weights for backward when the gradient of the layer's output arrives, and the
+            # MSE reaches only attention outputs: a zero term through the logits brings a gradient to every layer.
+            return loss + 0.0 * logits.sum()
 
         losses = []
         for idx, attention in sorted(self.layers.items()):
@@ -509,6 +526,8 @@ def evaluate(
     """Perplexity at each evaluation length, the windows split over the processes (each process runs the same
     number of batches, which sharded engines need)."""
     results = {}
+    if accelerator.distributed_type == DistributedType.FSDP:
+        model = WholeForward(model)
     for length, all_windows in windows.items():
         per_process = math.ceil(len(all_windows) / accelerator.num_processes)
         mine = all_windows[accelerator.process_index :: accelerator.num_processes]
@@ -521,6 +540,18 @@ def evaluate(
         )
         results[length] = PerplexityResult(totals[0].item(), int(totals[1].item())).ppl
     return results
+
+
+class WholeForward(nn.Module):
+    """`model` scored through its own forward alone. FSDP gathers the weights from the root module's forward on, which
+    `path_hf.evaluation` would bypass by running the decoder and the head apart (to form the logits in chunks)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **kwargs):
+        return self.model(**kwargs)
 
 
 class JSONLTracker(GeneralTracker):
@@ -822,16 +853,15 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
             f"(training.eval_lengths x data.block_size = {longest}); raise data.eval_tokens or data.eval_documents"
         )
 
-    trainable_params = [param for param in model.parameters() if param.requires_grad]
-    optimizer = torch.optim.AdamW(trainable_params, lr=0.0, weight_decay=training.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [param for param in model.parameters() if param.requires_grad], lr=0.0, weight_decay=training.weight_decay
+    )
+    # FSDP2 replaces every parameter by a sharded one (and swaps them in the optimizer): from here on the parameters
+    # are only read from the prepared model.
     model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
     if teacher is not None:
-        # FSDP shards the teacher like the student; elsewhere it is a frozen replica on each device.
-        teacher = (
-            accelerator.prepare_model(teacher, evaluation_mode=True)
-            if accelerator.distributed_type == DistributedType.FSDP
-            else teacher.to(accelerator.device)
-        )
+        # FSDP2 shards the teacher like the student; elsewhere it is a frozen replica on each device.
+        teacher = shard_teacher(teacher, accelerator) if accelerator.is_fsdp2 else teacher.to(accelerator.device)
 
     if checkpoint is not None:
         restore_checkpoint(accelerator, checkpoint)
@@ -873,7 +903,7 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
             current = stage_at(stages, state.step)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(current, state.step)
-            step_loss = 0.0
+            step_loss, grad_norm = 0.0, None
             for _ in range(training.gradient_accumulation_steps):
                 batch = next(batches)
                 name = current.stage.name
@@ -896,7 +926,10 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
                         if loss.requires_grad:
                             accelerator.backward(loss)
                     if accelerator.sync_gradients and training.max_grad_norm > 0:
-                        accelerator.clip_grad_norm_(trainable_params, training.max_grad_norm)
+                        # The prepared model's parameters, all of them (FSDP replaced the ones the optimizer was built
+                        # from, and accelerate's FSDP1 path clips only when given exactly these). DeepSpeed clips by its
+                        # own config and this returns its norm.
+                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), training.max_grad_norm)
                     optimizer.step()
                     optimizer.zero_grad()
                 step_loss += loss.item() / training.gradient_accumulation_steps
@@ -907,17 +940,17 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
             progress.update()
             progress.set_postfix(stage=current.stage.name, loss=f"{step_loss:.4g}", tok_s=f"{tokens_per_second:,.0f}")
             if state.step % training.log_every == 0:
-                accelerator.log(
-                    {
-                        f"train/{current.stage.name}_loss": accelerator.reduce(
-                            torch.tensor(step_loss, device=accelerator.device), "mean"
-                        ).item(),
-                        "train/lr": optimizer.param_groups[0]["lr"],
-                        "train/tokens_per_second": tokens_per_second,
-                        "tokens": state.tokens,
-                    },
-                    step=state.step,
-                )
+                logged = {
+                    f"train/{current.stage.name}_loss": accelerator.reduce(
+                        torch.tensor(step_loss, device=accelerator.device), "mean"
+                    ).item(),
+                    "train/lr": optimizer.param_groups[0]["lr"],
+                    "train/tokens_per_second": tokens_per_second,
+                    "tokens": state.tokens,
+                }
+                if grad_norm is not None:  # before clipping
+                    logged["train/grad_norm"] = _scalar(grad_norm)
+                accelerator.log(logged, step=state.step)
             if state.step % training.eval_every == 0 and state.step < total_steps:
                 entry = record_eval()
                 reached_target = _reached(entry, training.target_ratio)
@@ -972,6 +1005,13 @@ def _reached(entry: dict, target_ratio: float | None) -> bool:
     return target_ratio is not None and bool(entry["ratio"]) and entry["ratio"]["1x"] <= target_ratio
 
 
+def _scalar(value: torch.Tensor | float) -> float:
+    """A number from a tensor, a DTensor (gathered: every process must call this) or a float (DeepSpeed's norm)."""
+    if isinstance(value, DTensor):
+        value = value.full_tensor()
+    return float(value)
+
+
 def _fmt(values: dict[str, float]) -> str:
     return " ".join(f"{key}={value:.4g}" for key, value in values.items())
 
@@ -991,13 +1031,19 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 
 
 def replica_checksums(model: nn.Module, accelerator: Accelerator) -> list[float] | None:
-    """A checksum of the trainable weights from every process, where every process holds whole weights (no
-    FSDP / ZeRO-3): equal values mean the replicas stayed in sync."""
-    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+    """A checksum of the trainable weights, whole, from every process: equal values mean every process ends with the
+    same model. Under FSDP2 each process gathers the sharded weights one at a time (what remains to differ there is
+    a weight left unsharded); None under FSDP1 and DeepSpeed, whose wrappers hide the whole weights."""
+    if accelerator.distributed_type == DistributedType.DEEPSPEED or (
+        accelerator.distributed_type == DistributedType.FSDP and not accelerator.is_fsdp2
+    ):
         return None
-    params = [param for param in accelerator.unwrap_model(model).parameters() if param.requires_grad]
-    checksum = sum(param.detach().double().abs().sum() + param.detach().double().sum() for param in params)
-    return accelerator.gather(torch.stack([checksum]).to(accelerator.device)).tolist()
+    checksum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
+    for param in accelerator.unwrap_model(model).parameters():
+        if param.requires_grad:
+            whole = (param.full_tensor() if isinstance(param, DTensor) else param).detach().double()
+            checksum += whole.abs().sum() + whole.sum()
+    return accelerator.gather(checksum[None]).tolist()
 
 
 def save_final_model(model, tokenizer, accelerator: Accelerator, output_dir: Path, lora: bool) -> None:
