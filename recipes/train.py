@@ -148,14 +148,60 @@ def load_models(config: RecipeConfig, plan: ModelPlan, accelerator: Accelerator)
     student = load_causal_lm(plan.student, getattr(torch, config.model.dtype))
     teacher = None
     if plan.teacher is not None:
-        deepspeed_plugin = accelerator.state.deepspeed_plugin
-        # Under ZeRO-3 a model loaded now would be partitioned without an engine: keep the teacher whole.
-        no_zero_init = deepspeed_plugin.zero3_init_context_manager(False) if deepspeed_plugin else nullcontext()
-        with no_zero_init:
+        with unpartitioned(accelerator.state.deepspeed_plugin):
             # a checkpoint, or a GGUF file dequantised to teacher_dtype
             teacher = load_causal_lm(plan.teacher, getattr(torch, config.model.teacher_dtype))
         teacher.eval().requires_grad_(False)
     return student, teacher
+
+
+@contextmanager
+def unpartitioned(deepspeed_plugin=None) -> Iterator[None]:
+    """Models loaded in this block stay whole under ZeRO-3, where a model partitioned without an engine (the
+    teacher) cannot run. transformers partitions every model loaded while a ZeRO-3 config is registered, whatever
+    `zero3_init_flag` says (accelerate's `zero3_init_context_manager(False)` registers the same config again)."""
+    if deepspeed_plugin is None:
+        yield
+        return
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        deepspeed_plugin.set_deepspeed_weakref()
+
+
+def shards_weights(distributed_type: DistributedType, deepspeed_plugin=None) -> bool:
+    """Whether no process holds the whole weights: FSDP, DeepSpeed ZeRO-3."""
+    return distributed_type == DistributedType.FSDP or (
+        deepspeed_plugin is not None and deepspeed_plugin.zero_stage == 3
+    )
+
+
+def check_engine(training: TrainingArguments, distributed_type: DistributedType, deepspeed_plugin=None) -> None:
+    """Refuse what the engine would do otherwise than configured: LoRA under FSDP or ZeRO-3 (its merge needs whole
+    weights on one process), and a DeepSpeed config whose `gradient_clipping` or `gradient_accumulation_steps`
+    differs from `training`'s (DeepSpeed clips and accumulates by its own config: accelerate logs an accumulation
+    mismatch and takes DeepSpeed's value, and says nothing of the clipping). Values left `auto` (or out) in the
+    DeepSpeed config get `training`'s (`gradient_accumulation_steps: auto` in an accelerate config fails in
+    accelerate itself: it reads that value as an int)."""
+    if training.trainable == "lora" and shards_weights(distributed_type, deepspeed_plugin):
+        raise RecipeError("training.trainable=lora merges on one process: use DDP or DeepSpeed ZeRO-2, not FSDP/ZeRO-3")
+    if deepspeed_plugin is None:
+        return
+    config = deepspeed_plugin.deepspeed_config
+    for key in ("gradient_clipping", "gradient_accumulation_steps"):
+        name = "max_grad_norm" if key == "gradient_clipping" else key
+        value = getattr(training, name)
+        if config.get(key, "auto") == "auto":
+            config[key] = value
+        elif float(config[key]) != value:
+            auto = " (or gradient_clipping: auto in the accelerate config)" if key == "gradient_clipping" else ""
+            raise RecipeError(
+                f"the DeepSpeed config has {key}: {config[key]}, training.{name} is {value}: DeepSpeed would use its "
+                f"own; make them equal{auto}"
+            )
 
 
 def shard_teacher(teacher: nn.Module, accelerator: Accelerator) -> nn.Module:
@@ -526,7 +572,7 @@ def evaluate(
     """Perplexity at each evaluation length, the windows split over the processes (each process runs the same
     number of batches, which sharded engines need)."""
     results = {}
-    if accelerator.distributed_type == DistributedType.FSDP:
+    if shards_weights(accelerator.distributed_type, accelerator.state.deepspeed_plugin):
         model = WholeForward(model)
     for length, all_windows in windows.items():
         per_process = math.ceil(len(all_windows) / accelerator.num_processes)
@@ -543,8 +589,9 @@ def evaluate(
 
 
 class WholeForward(nn.Module):
-    """`model` scored through its own forward alone. FSDP gathers the weights from the root module's forward on, which
-    `path_hf.evaluation` would bypass by running the decoder and the head apart (to form the logits in chunks)."""
+    """`model` scored through its own forward alone. FSDP and ZeRO-3 gather the weights from the root module's forward
+    on, which `path_hf.evaluation` would bypass by running the decoder and the head apart (to form the logits in
+    chunks)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -696,6 +743,10 @@ def sync_to_disk(directory: Path, recursive: bool = True) -> None:
             os.close(fd)
 
 
+# What DeepSpeed writes beside its shards: the text file naming them, and conversion scripts a resume never runs.
+DEEPSPEED_FILES = ("latest", "zero_to_fp32.py", "zero_to_torch.py")
+
+
 def read_checkpoint(checkpoint: Path, accelerator: Accelerator) -> RunState:
     """The run state of `checkpoint`, read before any model is loaded, refusing a checkpoint that resuming from could
     run code or leave the RNG states behind: every file besides safetensors and JSON must load through accelerate's
@@ -707,7 +758,7 @@ def read_checkpoint(checkpoint: Path, accelerator: Accelerator) -> RunState:
             "training.output_dir"
         )
     for file in sorted(checkpoint.iterdir()):
-        if file.is_dir() or file.suffix in (".safetensors", ".json"):
+        if file.is_dir() or file.suffix in (".safetensors", ".json") or file.name in DEEPSPEED_FILES:
             continue  # directories: engine shards (DeepSpeed), read by the engine's own loader
         try:
             load_restricted(file, map_location="cpu", mmap=True)
@@ -822,12 +873,7 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
     accelerator.wait_for_everyone()
     checkpoint = latest_checkpoint(output_dir, accelerator) if training.resume else None
     state = read_checkpoint(checkpoint, accelerator) if checkpoint is not None else RunState()
-    deepspeed_plugin = accelerator.state.deepspeed_plugin
-    sharded = accelerator.distributed_type == DistributedType.FSDP or (
-        deepspeed_plugin and deepspeed_plugin.zero_stage == 3
-    )
-    if training.trainable == "lora" and sharded:
-        raise RecipeError("training.trainable=lora merges on one process: use DDP or DeepSpeed ZeRO-2, not FSDP/ZeRO-3")
+    check_engine(training, accelerator.distributed_type, accelerator.state.deepspeed_plugin)
 
     student, teacher = load_models(config, plan, accelerator)
     tokenizer = load_tokenizer(plan.student)
