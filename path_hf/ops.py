@@ -131,7 +131,8 @@ def path_attention(
 
     Returns:
         o `[B, T, HQ, DV]` in q's dtype, and k_cache `[B, T, H, D]` in k's dtype (None unless asked):
-        `k_cache_j = H_e ... H_{j+1} k_j`, e the last position of j's sequence.
+        `k_cache_j = H_e ... H_{j+1} k_j`, e the last position of j's sequence. Both backends accumulate in fp32
+        whatever the input dtypes, under `torch.autocast` too.
     """
     _check_inputs(q, k, v, w, beta, g, cu_seqlens)
     if chunk_size < 1:
@@ -151,7 +152,10 @@ def path_attention(
             scale=scale, cu_seqlens=cu_seqlens, use_cache=return_k_cache,
         )  # fmt: skip
         return o.to(q.dtype), (k_cache.to(k.dtype) if return_k_cache else None)
-    return _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, return_k_cache)
+    # Autocast would run the matmuls in bf16, the chained products of the walk included: compute in fp32 (from
+    # bf16 inputs too) and return q's dtype, as FLA's kernels do.
+    with torch.autocast(q.device.type, enabled=False):
+        return _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, return_k_cache)
 
 
 def path_decode_update(keys: torch.Tensor, w: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:

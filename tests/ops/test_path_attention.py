@@ -183,6 +183,36 @@ def test_torch_backend_low_precision(B, T, HQ, H, D, DV, gate, chunk_size):
     assert_close("k_cache", ref_k_cache, k_cache, 2e-2)
 
 
+# Under bf16 autocast, with q, k, v rounded to bf16: the output's and gradients' own rounding to bf16 (relative
+# 2^-9 at most, ~1.6e-3 to 2.4e-3 measured at T=1024) when they are bf16; fp32 arithmetic when they are fp32.
+# Matmuls run in bf16 by autocast measured 5.6e-3 to 2.7e-2 at T=1024 (the error grows with T, and with the gate).
+AUTOCAST_RTOL = {torch.bfloat16: 3e-3, torch.float32: 1e-5}
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["nogate", "gate"])
+@pytest.mark.parametrize("qkv_dtype", [torch.bfloat16, torch.float32], ids=["qkv-bf16", "qkv-fp32"])
+def test_torch_backend_under_autocast(qkv_dtype, gate):
+    """Every shipped accelerate config trains under bf16 autocast: the torch backend still accumulates in fp32, and
+    returns q's dtype (as FLA's kernels do)."""
+    T = 1024
+    x = make_inputs(1, T, 4, 2, 32, gate=gate, dtype=torch.float32, seed=3)
+    # What a layer under autocast passes: q, k, v from bf16 projections; w, beta and g computed in fp32.
+    for name in ("q", "k", "v"):
+        x[name] = x[name].detach().bfloat16().to(qkv_dtype).requires_grad_()
+    do = torch.randn(1, T, 4, 32, generator=torch.Generator().manual_seed(1))
+    # Reference: the same (rounded) values in fp64 (the fp64 torch backend matches the brute force to 1e-10, above).
+    exact = {name: None if t is None else t.detach().double().requires_grad_() for name, t in x.items()}
+    ref, ref_grads = forward_backward(path_attention, exact, do.double(), backend="torch")
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the forward; backward runs outside, as in training
+        out = path_attention(**x, backend="torch")[0]
+    assert out.dtype == qkv_dtype
+    leaves = {name: t for name, t in x.items() if t is not None}
+    grads = dict(zip(leaves, torch.autograd.grad(out, list(leaves.values()), do.to(qkv_dtype)), strict=True))
+    assert_close("o", ref, out, AUTOCAST_RTOL[qkv_dtype])
+    for name in ref_grads:
+        assert_close(f"d{name}", ref_grads[name], grads[name], AUTOCAST_RTOL[qkv_dtype])
+
+
 @pytest.mark.parametrize(
     ("B", "T", "HQ", "H", "D", "DV", "gate", "chunk_size"),
     [
