@@ -231,6 +231,11 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
     convolution, `path_conv_size > 0`), `bt_proj` (beta) and, with `path_forget_gate`, `g_proj`.
     """
 
+    # Whether its decoder layer is gradient checkpointed (set with the layer's, by `activation_checkpointing_enable`).
+    # Training then recomputes the whole layer in backward, so the torch backend keeps its walk's activations rather
+    # than recompute the walk a second time; otherwise it recomputes long walks (`path_attention`'s `recompute`).
+    gradient_checkpointing = False
+
     def __init__(self, config: PaTHLlamaConfig, layer_idx: int):
         super().__init__(config, layer_idx)
         self.num_key_value_heads = config.num_key_value_heads
@@ -334,6 +339,8 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
         """`path_attention` over `[B, S]` rows (shapes as `path_attention`'s). Padding (`attention_mask` False) is
         dropped and each row, or each sequence of `cu_seqlens` over the flattened rows, is its own sequence."""
         kwargs = {"scale": self.scaling, "backend": self.config.path_backend, "return_k_cache": return_k_cache}
+        if self.gradient_checkpointing and self.training:
+            kwargs["recompute"] = False
         if attention_mask is not None and attention_mask.all():
             attention_mask = None
         if attention_mask is None and cu_seqlens is None:
@@ -440,6 +447,13 @@ class PaTHLlamaPreTrainedModel(LlamaPreTrainedModel):
         "hidden_states": PaTHLlamaDecoderLayer,
         "attentions": PaTHLlamaRoPEAttention,
     }
+
+    def _set_gradient_checkpointing(self, *args, **kwargs) -> None:
+        super()._set_gradient_checkpointing(*args, **kwargs)
+        # Each PaTH attention follows its own layer (`every_n_layers` leaves some layers to keep their activations).
+        for layer in self.modules():
+            if isinstance(layer, PaTHLlamaDecoderLayer) and isinstance(layer.self_attn, PaTHLlamaAttention):
+                layer.self_attn.gradient_checkpointing = layer.gradient_checkpointing
 
     def _init_weights(self, module: nn.Module) -> None:
         # On the modules owning the parameters: from_pretrained skips modules without direct parameters.

@@ -28,7 +28,8 @@ BACKENDS = ("auto", "torch", "fla")
 # Head dims FLA's Triton kernels are compiled for (fla/ops/path_attn/parallel.py).
 FLA_HEAD_DIMS = (16, 32, 64, 128)
 # Torch backend: block diagonals walked between two activation checkpoints when training, when the walk would keep
-# more than _CHECKPOINT_ABOVE_BYTES for backward (short sequences keep everything: no recomputation).
+# more than _CHECKPOINT_ABOVE_BYTES for backward (short sequences keep everything: no recomputation) and the caller
+# does not say otherwise (`recompute`).
 _STEPS_PER_CHECKPOINT = 8
 _CHECKPOINT_ABOVE_BYTES = 32 * 2**20
 
@@ -113,6 +114,7 @@ def path_attention(
     backend: str = "auto",
     return_k_cache: bool = False,
     chunk_size: int = 64,
+    recompute: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     r"""PaTH attention (causal), FLA's `parallel_path_attn` semantics on any backend.
 
@@ -128,6 +130,11 @@ def path_attention(
         backend: `"auto"`, `"torch"` or `"fla"`.
         return_k_cache: also return the fully transformed keys, which decoding starts from after a prefill.
         chunk_size: block size of the torch backend.
+        recompute: whether the torch backend's backward recomputes its walk over the block diagonals rather than keep
+            its activations (checkpoints every 8 steps). None (the default) recomputes when keeping them would take
+            more than 32 MiB: memory O(T * chunk) instead of O(T^2), for one extra forward walk. Pass False where the
+            caller is recomputed in backward anyway (a gradient-checkpointed layer): the walk then runs twice per
+            training step, not three times. FLA's kernel ignores it.
 
     Returns:
         o `[B, T, HQ, DV]` in q's dtype, and k_cache `[B, T, H, D]` in k's dtype (None unless asked):
@@ -155,7 +162,7 @@ def path_attention(
     # Autocast would run the matmuls in bf16, the chained products of the walk included: compute in fp32 (from
     # bf16 inputs too) and return q's dtype, as FLA's kernels do.
     with torch.autocast(q.device.type, enabled=False):
-        return _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, return_k_cache)
+        return _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, return_k_cache, recompute)
 
 
 def path_decode_update(keys: torch.Tensor, w: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
@@ -292,7 +299,12 @@ def _segment_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     return ids
 
 
-def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, return_k_cache):
+def _walk_segment(walk, recompute: bool, *state):
+    """`walk(*state)`; with `recompute`, backward keeps only `state` and runs the walk again."""
+    return checkpoint(walk, *state, use_reentrant=False) if recompute else walk(*state)
+
+
+def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, return_k_cache, recompute):
     B, T, HQ, D = q.shape
     H, DV = k.shape[2], v.shape[-1]
     G, C = HQ // H, chunk_size
@@ -384,18 +396,15 @@ def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, 
                 k_run = k_run[:-1] @ p_walk[d : N - 1].transpose(-1, -2)
         return torch.cat(finished), acc, m, k_run
 
-    # Backward keeps every step's softmax inputs unless they are large: then only the segment boundaries are kept
-    # and the steps recomputed, memory O(T * (C + D)).
+    # Backward keeps every step's softmax inputs unless they are large (or the caller says): then only the segment
+    # boundaries are kept and the steps recomputed, memory O(T * (C + D)).
     saved_bytes = 3 * last_step * N / 2 * B * H * G * C * C * vc.element_size()
-    recompute = not in_place and saved_bytes > _CHECKPOINT_ABOVE_BYTES
+    recompute = not in_place and (saved_bytes > _CHECKPOINT_ABOVE_BYTES if recompute is None else recompute)
     done = [acc[:1]]
     state = (acc[1:], m[1:], k_walk[: N - 1])
     for first in range(1, last_step + 1, _STEPS_PER_CHECKPOINT):
         stop = min(first + _STEPS_PER_CHECKPOINT, last_step + 1)
-        if recompute:
-            finished, *state = checkpoint(walk, first, stop, *state, use_reentrant=False)
-        else:
-            finished, *state = walk(first, stop, *state)
+        finished, *state = _walk_segment(walk, recompute, first, stop, *state)
         done.append(finished)
     done.append(state[0])
 

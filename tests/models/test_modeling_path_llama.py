@@ -235,6 +235,41 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         torch.testing.assert_close(checkpointed[name], grad)
 
 
+def test_gradient_checkpointing_runs_the_walk_twice(monkeypatch):
+    """A checkpointed layer is recomputed in backward, so the torch backend keeps its walk's activations rather than
+    recompute the walk once more: two walks per layer and step (forward, recompute), as without checkpointing."""
+    from path_hf import ops
+
+    monkeypatch.setattr(ops, "_CHECKPOINT_ABOVE_BYTES", 0)  # by default, every walk is recomputed
+    runs = []
+    walk_segment = ops._walk_segment
+
+    def counting_walk_segment(walk, recompute, *state):
+        return walk_segment(lambda *args: runs.append(1) or walk(*args), recompute, *state)
+
+    monkeypatch.setattr(ops, "_walk_segment", counting_walk_segment)
+    model = tiny_model().train()
+    ids = random_tokens(1, 200)  # 4 chunks of 64: one segment of the walk per layer
+
+    def walks_and_grads():
+        runs.clear()
+        model.zero_grad()
+        model(ids, labels=ids).loss.backward()
+        return len(runs), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    plain_walks, plain = walks_and_grads()
+    model.activation_checkpointing_enable()
+    checkpointed_walks, checkpointed = walks_and_grads()
+    assert plain_walks == checkpointed_walks == 2 * model.config.num_hidden_layers
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, rtol=0, atol=0)
+
+    model.activation_checkpointing_enable(every_n_layers=2)
+    assert [layer.self_attn.gradient_checkpointing for layer in model.model.layers] == [True, False]
+    model.activation_checkpointing_disable()
+    assert not any(layer.self_attn.gradient_checkpointing for layer in model.model.layers)
+
+
 def test_bf16_forward_and_generate():
     model = tiny_model(rope_mode="keep")
     ids, mask = random_tokens(2, 12), torch.ones(2, 12, dtype=torch.long)

@@ -85,20 +85,25 @@ def test_torch_backend_vs_reference(B, T, HQ, H, D, DV, gate, chunk_size):
         assert_close(f"d{name}", ref_grads[name], grads[name], 1e-10)
 
 
-@pytest.mark.parametrize("recompute", [True, False], ids=["recomputed-walk", "kept-walk"])
-def test_torch_backend_gradients_with_and_without_recomputation(recompute, monkeypatch):
-    """Long walks keep only segment boundaries for backward and recompute the steps; short ones keep every step.
-    Both give the reference's gradients, over several segments (19 chunks, 8 steps a segment)."""
+@pytest.mark.parametrize(
+    ("long_walk", "recompute", "checkpointed"),
+    [(True, None, True), (False, None, False), (True, False, False), (False, True, True)],
+    ids=["long-walk-recomputed", "short-walk-kept", "kept-as-asked", "recomputed-as-asked"],
+)
+def test_torch_backend_gradients_with_and_without_recomputation(long_walk, recompute, checkpointed, monkeypatch):
+    """By default long walks keep only segment boundaries for backward and recompute the steps, and short ones keep
+    every step; `recompute` overrides. All give the reference's gradients, over several segments (19 chunks, 8 steps
+    a segment)."""
     from path_hf import ops
 
-    monkeypatch.setattr(ops, "_CHECKPOINT_ABOVE_BYTES", 0 if recompute else 2**62)
+    monkeypatch.setattr(ops, "_CHECKPOINT_ABOVE_BYTES", 0 if long_walk else 2**62)
     calls = []
     monkeypatch.setattr(ops, "checkpoint", lambda *args, **kwargs: calls.append(1) or torch_checkpoint(*args, **kwargs))
     x = make_inputs(1, 300, 4, 2, 16, 16, gate=True, seed=5)
     do = torch.randn(1, 300, 4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     ref, ref_grads = forward_backward(path_attention_reference, x, do)
-    out, grads = forward_backward(path_attention, x, do, backend="torch", chunk_size=16)
-    assert len(calls) == (3 if recompute else 0)
+    out, grads = forward_backward(path_attention, x, do, backend="torch", chunk_size=16, recompute=recompute)
+    assert len(calls) == (3 if checkpointed else 0)
     assert_close("o", ref, out, 1e-10)
     for name in ref_grads:
         assert_close(f"d{name}", ref_grads[name], grads[name], 1e-10)
