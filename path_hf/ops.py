@@ -18,6 +18,7 @@ modeling file's relative imports), so a checkpoint loads with `trust_remote_code
 from __future__ import annotations
 
 import importlib.util
+import weakref
 from functools import cache
 from itertools import pairwise
 
@@ -69,6 +70,23 @@ def resolve_backend(backend: str, q: torch.Tensor, v: torch.Tensor | None = None
     return "fla" if q.is_cuda and reason is None else "torch"
 
 
+# The values of the cu_seqlens seen last: (weak reference to the tensor, its version counter, its values).
+_cu_seqlens_on_host: tuple[weakref.ref, int | None, list[int]] | None = None
+
+
+def _host_cu_seqlens(cu_seqlens: torch.Tensor) -> list[int]:
+    """cu_seqlens' values as Python ints. Reading them syncs with the device, so they are kept for the tensor read last
+    (by identity, as FLA's `tensor_cache`): a model hands the same tensor to every layer, which then read it once."""
+    global _cu_seqlens_on_host
+    version = None if cu_seqlens.is_inference() else cu_seqlens._version  # inference tensors keep no version
+    cached = _cu_seqlens_on_host
+    if cached is not None and cached[0]() is cu_seqlens and cached[1] == version:
+        return cached[2]
+    values = cu_seqlens.tolist()
+    _cu_seqlens_on_host = (weakref.ref(cu_seqlens), version, values)
+    return values
+
+
 def _check_inputs(q, k, v, w, beta, g, cu_seqlens) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
@@ -97,7 +115,8 @@ def _check_inputs(q, k, v, w, beta, g, cu_seqlens) -> None:
             raise ValueError(
                 f"With cu_seqlens the batch size must be 1, got {B}: flatten the packed sequences into one row."
             )
-        if cu_seqlens.dim() != 1 or cu_seqlens[0] != 0 or cu_seqlens[-1] != T:
+        bounds = _host_cu_seqlens(cu_seqlens) if cu_seqlens.dim() == 1 else []
+        if not bounds or bounds[0] != 0 or bounds[-1] != T:
             raise ValueError(f"cu_seqlens must be 1-D, start at 0 and end at T={T}; got {cu_seqlens.tolist()}.")
 
 
@@ -294,8 +313,9 @@ def _sequence_transformed_keys(k, w, beta, chunk_size, dtype):
 def _segment_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     """Sequence index of each of `total` positions; positions past cu_seqlens[-1] get -1."""
     ids = torch.full((total,), -1, dtype=torch.long, device=cu_seqlens.device)
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    ids[: int(cu_seqlens[-1])] = torch.repeat_interleave(torch.arange(len(lengths), device=ids.device), lengths)
+    lengths, end = cu_seqlens[1:] - cu_seqlens[:-1], _host_cu_seqlens(cu_seqlens)[-1]
+    segments = torch.arange(len(lengths), device=ids.device)
+    ids[:end] = torch.repeat_interleave(segments, lengths, output_size=end)  # output_size: no sync
     return ids
 
 
@@ -374,8 +394,7 @@ def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, 
     # after step m and moves to `done`.
     last_step = N - 1
     if seg is not None:  # no sequence spans more than this many chunk boundaries
-        ids = seg.flatten()[:T]
-        last_step = int((torch.arange(T, device=q.device) // C - (cu_seqlens[:-1] // C)[ids]).max())
+        last_step = max((b - 1) // C - a // C for a, b in pairwise(_host_cu_seqlens(cu_seqlens)) if b > a)
     # Without autograd, update the buffers in place (fewer memory passes).
     in_place = not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, w, beta, g)))
 
@@ -416,10 +435,9 @@ def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, 
     if cu_seqlens is None:
         k_cache = _from_chunks(_transformed_keys(k_end, p), T)
     else:  # each sequence's keys stop at its own end
-        bounds = cu_seqlens.tolist()
+        bounds = pairwise(_host_cu_seqlens(cu_seqlens))
         k_cache = torch.cat(
-            [_sequence_transformed_keys(k[:, a:b], w[:, a:b], beta[:, a:b], C, dtype) for a, b in pairwise(bounds)],
-            dim=1,
+            [_sequence_transformed_keys(k[:, a:b], w[:, a:b], beta[:, a:b], C, dtype) for a, b in bounds], dim=1
         )
     return o, k_cache.to(k.dtype)
 
