@@ -145,7 +145,8 @@ def path_attention(
         beta: Householder strengths `[B, T, H]` in (0, 2).
         g: optional log forget gate `[B, T, HQ]` (<= 0), PaTH-FoX.
         scale: softmax scale, `D ** -0.5` if None.
-        cu_seqlens: `[N + 1]` boundaries of packed sequences (B must be 1); no attention crosses them.
+        cu_seqlens: `[N + 1]` boundaries of packed sequences (B must be 1), int32 or int64; no attention crosses
+            them. Its values are read to the host once per tensor: pass every layer the same one.
         backend: `"auto"`, `"torch"` or `"fla"`.
         return_k_cache: also return the fully transformed keys, which decoding starts from after a prefill.
         chunk_size: block size of the torch backend.
