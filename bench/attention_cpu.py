@@ -2,6 +2,7 @@
 
     python bench/attention_cpu.py                                  # T in 512..4096, a few minutes on 2 cores
     python bench/attention_cpu.py --chunk-sizes 32,64,128,256      # adds a chunk-size sweep at --sweep-seq-len
+    python bench/attention_cpu.py --seq-lens '' --checkpointed-seq-lens 1024,2048,4096   # gradient checkpointing only
 
 Both sides are timed from the per-head projections to the attention output, so each pays for its own
 position encoding: the baseline builds cos/sin and rotates q and k (RoPE), PaTH normalises w and squashes
@@ -11,6 +12,10 @@ Peak memory is measured in a fresh subprocess, case after case: resident-set hig
 /proc/self/clear_refs after the case's inputs are allocated and one warm-up run) minus the resident size then,
 with glibc's mmap threshold fixed at 64 KiB so that every tensor's memory is mapped when allocated and returned
 when freed.
+With --checkpointed-seq-lens, forward+backward also runs as in a gradient-checkpointed layer (the forward inside
+torch.utils.checkpoint, recomputed in backward), PaTH both ways: the walk's activations kept for backward
+(`recompute=False`, what a checkpointed PaTH layer does) and the walk checkpointed inside the op too
+(`recompute=True`, the default for long walks, which then runs three times a step).
 Writes a Markdown table to stdout and JSON to bench/out/.
 """
 
@@ -31,11 +36,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from path_hf.ops import path_attention
 
 METHODS = ("sdpa", "path")
 MODES = ("fwd", "fwd+bwd")
+RECOMPUTE = {"auto": None, "on": True, "off": False}
 # On a shared 2-core machine two OpenMP threads stall whenever another process holds a core: we saw 10x
 # slowdowns and fwd slower than fwd+bwd. One thread gives ratios that reproduce.
 THREADS_HELP = "torch.set_num_threads; default 1, because 2 threads on a busy 2-core machine give erratic times"
@@ -45,16 +52,17 @@ THREADS_HELP = "torch.set_num_threads; default 1, because 2 threads on a busy 2-
 class Case:
     method: str  # "sdpa": RoPE + causal SDPA; "path": path_attention(backend="torch")
     seq_len: int
-    mode: str  # "fwd" runs under no_grad; "fwd+bwd" takes gradients of every input
+    mode: str  # "fwd" runs under no_grad; "fwd+bwd" takes gradients of every input; "ckpt" as well, checkpointed
     chunk_size: int
+    recompute: str = "auto"  # path_attention's `recompute`: "auto" (None), "on" (True), "off" (False)
 
     def spec(self) -> str:
-        return f"{self.method}:{self.seq_len}:{self.mode}:{self.chunk_size}"
+        return f"{self.method}:{self.seq_len}:{self.mode}:{self.chunk_size}:{self.recompute}"
 
     @classmethod
     def parse(cls, spec: str) -> Case:
-        method, seq_len, mode, chunk_size = spec.split(":")
-        return cls(method, int(seq_len), mode, int(chunk_size))
+        method, seq_len, mode, chunk_size, recompute = spec.split(":")
+        return cls(method, int(seq_len), mode, int(chunk_size), recompute)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -95,7 +103,8 @@ def make_step(case: Case, inputs: dict[str, torch.Tensor]) -> Callable[[], objec
         def forward() -> torch.Tensor:
             w = F.normalize(w_raw, dim=-1)
             beta = 2 * torch.sigmoid(b_raw)  # in (0, 2)
-            o, _ = path_attention(q, k, v, w, beta, backend="torch", chunk_size=case.chunk_size)
+            recompute = RECOMPUTE[case.recompute]
+            o, _ = path_attention(q, k, v, w, beta, backend="torch", chunk_size=case.chunk_size, recompute=recompute)
             return o
 
     if case.mode == "fwd":
@@ -108,9 +117,15 @@ def make_step(case: Case, inputs: dict[str, torch.Tensor]) -> Callable[[], objec
 
     leaves = list(inputs.values())
     grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
+    if case.mode == "ckpt":  # as `activation_checkpointing_enable()` runs a layer: recomputed in backward
 
-    def step() -> object:
-        return torch.autograd.grad(forward(), leaves, grad_out)
+        def step() -> object:
+            return torch.autograd.grad(checkpoint(forward, use_reentrant=False), leaves, grad_out)
+
+    else:
+
+        def step() -> object:
+            return torch.autograd.grad(forward(), leaves, grad_out)
 
     return step
 
@@ -190,7 +205,7 @@ def run(groups: list[list[Case]], args: argparse.Namespace) -> list[dict[str, ob
                 {**asdict(case), "median_ms": 1e3 * statistics.median(times), "times_ms": [1e3 * t for t in times]}
             )
             print(f"  {case.spec():28s} {rows[-1]['median_ms']:9.1f} ms", file=sys.stderr, flush=True)
-    if args.memory:
+    if args.memory and groups:
         cases = [case for group in groups for case in group]
         for case, row, memory in zip(cases, rows, measure_memory(cases, args), strict=True):
             row.update(memory)
@@ -228,6 +243,28 @@ def sweep_table(rows: list[dict[str, object]], baseline: dict[str, float], memor
     return "\n".join(lines)
 
 
+def checkpointed_table(rows: list[dict[str, object]], memory: bool) -> str:
+    """Gradient-checkpointed forward+backward: PaTH with the walk kept against the walk recomputed, and SDPA+RoPE."""
+    by_key = {(r["method"], r["seq_len"], r["recompute"]): r for r in rows}
+    head = "| T | SDPA+RoPE ms | PaTH walk kept ms | PaTH walk recomputed ms | kept / recomputed | kept / SDPA |"
+    sep = "|---|---|---|---|---|---|"
+    if memory:
+        head += " SDPA+RoPE MiB | kept MiB | recomputed MiB | kept / recomputed |"
+        sep += "---|---|---|---|"
+    lines = [head, sep]
+    for seq_len in sorted({r["seq_len"] for r in rows}):
+        base, kept, recomputed = (
+            by_key[key] for key in (("sdpa", seq_len, "auto"), ("path", seq_len, "off"), ("path", seq_len, "on"))
+        )
+        line = f"| {seq_len} | {base['median_ms']:.1f} | {kept['median_ms']:.1f} | {recomputed['median_ms']:.1f} |"
+        line += f" {kept['median_ms'] / recomputed['median_ms']:.2f}x | {kept['median_ms'] / base['median_ms']:.2f}x |"
+        if memory:
+            line += f" {base['extra_mib']:.0f} | {kept['extra_mib']:.0f} | {recomputed['extra_mib']:.0f} |"
+            line += f" {kept['extra_mib'] / max(recomputed['extra_mib'], 1.0):.2f}x |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def parse_ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -240,6 +277,9 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=64, help="path_attention chunk size for the main table")
     parser.add_argument("--chunk-sizes", type=parse_ints, default=[], help="sweep, e.g. 32,64,128,256")
     parser.add_argument("--sweep-seq-len", type=int, default=2048)
+    parser.add_argument(
+        "--checkpointed-seq-lens", type=parse_ints, default=[], help="gradient-checkpointed fwd+bwd, e.g. 1024,2048"
+    )
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
@@ -266,8 +306,21 @@ def main() -> None:
     groups = [[Case(m, t, mode, args.chunk_size) for m in METHODS] for t in args.seq_lens for mode in MODES]
     rows = run(groups, args)
     result: dict[str, object] = {"machine": info, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
-    print()
-    print(comparison_table(rows, args.memory))
+    if rows:
+        print()
+        print(comparison_table(rows, args.memory))
+
+    if args.checkpointed_seq_lens:
+        checkpointed_groups = [
+            [Case("sdpa", t, "ckpt", args.chunk_size)]
+            + [Case("path", t, "ckpt", args.chunk_size, recompute) for recompute in ("off", "on")]
+            for t in args.checkpointed_seq_lens
+        ]
+        checkpointed = run(checkpointed_groups, args)
+        result["checkpointed"] = checkpointed
+        print("\nGradient-checkpointed forward+backward (the forward inside torch.utils.checkpoint, recomputed in")
+        print("backward); PaTH with the walk's activations kept (recompute=False) or the walk checkpointed too:\n")
+        print(checkpointed_table(checkpointed, args.memory))
 
     if args.chunk_sizes:
         sweep_groups = [

@@ -205,22 +205,41 @@ class PaTHLlamaRoPEAttention(LlamaAttention):
         return self.o_proj(attn_output), attn_weights
 
 
-def packed_sequences(position_ids: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def packed_sequences(position_ids: torch.Tensor, batch_size: int) -> torch.Tensor | None:
     """Sequences packed in the rows of a batch, found where `position_ids` do not step by one (the rule of
     transformers' masks, as `DataCollatorWithFlattening` makes them).
 
-    Returns None if every row holds one sequence, else `cu_seqlens` `[N + 1]` over the flattened `B * T` tokens
-    and the position of each token within its sequence `[B, T]`.
+    Returns None if every row holds one sequence, else `cu_seqlens` `[N + 1]` over the flattened `B * T` tokens (int32,
+    transformers' `cu_seq_lens_q`).
     """
     seq_idx = find_packed_sequence_indices(position_ids.expand(batch_size, -1))
     if seq_idx is None:
         return None
     starts = F.pad(seq_idx[:, 1:] != seq_idx[:, :-1], (1, 0), value=True).flatten()
-    start_idx = starts.nonzero().squeeze(-1)
-    cu_seqlens = F.pad(start_idx, (0, 1), value=starts.numel())
-    positions = torch.arange(starts.numel(), device=starts.device)
-    seq_pos = positions - start_idx[starts.long().cumsum(0) - 1]
-    return cu_seqlens, seq_pos.view(seq_idx.shape)
+    return F.pad(starts.nonzero().squeeze(-1), (0, 1), value=starts.numel()).int()
+
+
+def unpadded_sequences(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The real tokens of a padded batch, `attention_mask` `[B, S]` (nonzero = token), each row one sequence.
+
+    Returns None if nothing is padded, else the positions of the real tokens among the flattened `B * S` and
+    `cu_seqlens` `[N + 1]` (int32) of the rows over them (rows of padding only are left out).
+    """
+    if attention_mask.all():
+        return None
+    lengths = attention_mask.sum(-1)
+    indices = attention_mask.flatten().nonzero().squeeze(-1)
+    return indices, F.pad(lengths[lengths > 0].cumsum(0), (1, 0)).int()
+
+
+def sequence_positions(cu_seqlens: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """The position of each token within its sequence, `shape` `[B, T]`, for `cu_seqlens` over the flattened `B * T`
+    tokens (computed on the device: no host synchronisation)."""
+    positions = torch.arange(shape[0] * shape[1], device=cu_seqlens.device)
+    is_start = torch.zeros(positions.numel() + 1, dtype=torch.bool, device=cu_seqlens.device)
+    is_start[cu_seqlens.long()] = True
+    start = torch.where(is_start[:-1], positions, 0).cummax(0).values
+    return (positions - start).view(shape)
 
 
 class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
@@ -230,6 +249,11 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
     New parameters (FLA's names): `w_proj` (full rank, or low rank with `path_w_rank`), `w_conv1d` (short
     convolution, `path_conv_size > 0`), `bt_proj` (beta) and, with `path_forget_gate`, `g_proj`.
     """
+
+    # Whether its decoder layer is gradient checkpointed (set with the layer's, by `activation_checkpointing_enable`).
+    # Training then recomputes the whole layer in backward, so the torch backend keeps its walk's activations rather
+    # than recompute the walk a second time; otherwise it recomputes long walks (`path_attention`'s `recompute`).
+    gradient_checkpointing = False
 
     def __init__(self, config: PaTHLlamaConfig, layer_idx: int):
         super().__init__(config, layer_idx)
@@ -257,7 +281,8 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
-        position_ids: torch.LongTensor | None = None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        indices_q: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, None]:
         """
@@ -266,8 +291,12 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
             position_embeddings: RoPE `(cos, sin)`, used with `rope_mode="keep"`.
             attention_mask: `[B, past + T]` padding mask (nonzero = token), or None.
             cache: continued if it holds this layer's past, filled otherwise.
-            position_ids: `[B or 1, T]`; without padding or cache, positions restarting at 0 mark sequences
-                packed in one row, which never attend to each other.
+            cu_seq_lens_q: `[N + 1]` boundaries of sequences over the flattened tokens (transformers' flash-attention
+                kwarg): without padding or cache, sequences packed in rows, which never attend to each other; with
+                `indices_q`, the rows of a padded batch over its real tokens. `PaTHLlamaModel` finds them once per
+                forward, from the padding mask or from `position_ids` that restart.
+            indices_q: positions of the real tokens among the flattened `B * T` when `attention_mask` pads; found
+                here from the mask when not given.
 
         Returns:
             The output `[B, T, hidden]` and None (no attention weights are formed).
@@ -291,20 +320,20 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
 
         cache_layer = self._cache_layer(cache) if cache is not None else None
         past = cache_layer.get_seq_length() if cache_layer is not None else 0
-        packed = None
-        if attention_mask is None and past == 0 and position_ids is not None:
-            packed = packed_sequences(position_ids, batch_size)
+        cu_seqlens = cu_seq_lens_q if past == 0 and (attention_mask is None or indices_q is not None) else None
 
         if self.w_conv1d is not None:
-            conv_state = None
+            conv_state = seq_pos = None
             if cache_layer is not None:
                 conv_state = cache_layer.update_conv_state(w, self.w_conv1d.kernel_size[0] - 1)
-            w = self.w_conv1d(w, conv_state, packed[1] if packed is not None else None)
+            if cu_seqlens is not None and attention_mask is None:  # packed: no tap reaches the previous sequence
+                seq_pos = sequence_positions(cu_seqlens, (batch_size, seq_len))
+            w = self.w_conv1d(w, conv_state, seq_pos)
         w = l2_normalize(w.float().view(batch_size, seq_len, self.num_key_value_heads, self.head_dim))
 
         if past == 0:
             o, k_cache = self._path_attention(
-                q, k, v, w, beta, g, attention_mask, packed[0] if packed is not None else None, cache is not None
+                q, k, v, w, beta, g, attention_mask, cu_seqlens, cache is not None, indices_q
             )
             if cache_layer is not None:
                 cache_layer.update(k_cache.transpose(1, 2), v.transpose(1, 2))
@@ -330,21 +359,19 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
             layer = cache.layers[self.layer_idx] = PaTHCacheLayer()
         return layer
 
-    def _path_attention(self, q, k, v, w, beta, g, attention_mask, cu_seqlens, return_k_cache):
+    def _path_attention(self, q, k, v, w, beta, g, attention_mask, cu_seqlens, return_k_cache, indices=None):
         """`path_attention` over `[B, S]` rows (shapes as `path_attention`'s). Padding (`attention_mask` False) is
-        dropped and each row, or each sequence of `cu_seqlens` over the flattened rows, is its own sequence."""
+        dropped and each row, or each sequence of `cu_seqlens` over the flattened rows, is its own sequence. With
+        `indices` (the real tokens among the flattened rows), `cu_seqlens` is over them and the mask is not read."""
         kwargs = {"scale": self.scaling, "backend": self.config.path_backend, "return_k_cache": return_k_cache}
-        if attention_mask is not None and attention_mask.all():
-            attention_mask = None
-        if attention_mask is None and cu_seqlens is None:
+        if self.gradient_checkpointing and self.training:
+            kwargs["recompute"] = False
+        if attention_mask is not None and indices is None:
+            indices, cu_seqlens = unpadded_sequences(attention_mask) or (None, cu_seqlens)
+        if indices is None and cu_seqlens is None:
             return path_attention(q, k, v, w, beta, g, **kwargs)
 
         batch_size, seq_len = q.shape[:2]
-        indices = None
-        if attention_mask is not None:
-            indices = attention_mask.flatten().nonzero().squeeze(-1)
-            lengths = attention_mask.sum(-1)
-            cu_seqlens = F.pad(lengths[lengths > 0].cumsum(0), (1, 0))
 
         def flatten(x):
             x = x.flatten(0, 1)
@@ -441,6 +468,13 @@ class PaTHLlamaPreTrainedModel(LlamaPreTrainedModel):
         "attentions": PaTHLlamaRoPEAttention,
     }
 
+    def _set_gradient_checkpointing(self, *args, **kwargs) -> None:
+        super()._set_gradient_checkpointing(*args, **kwargs)
+        # Each PaTH attention follows its own layer (`every_n_layers` leaves some layers to keep their activations).
+        for layer in self.modules():
+            if isinstance(layer, PaTHLlamaDecoderLayer) and isinstance(layer.self_attn, PaTHLlamaAttention):
+                layer.self_attn.gradient_checkpointing = layer.gradient_checkpointing
+
     def _init_weights(self, module: nn.Module) -> None:
         # On the modules owning the parameters: from_pretrained skips modules without direct parameters.
         if isinstance(module, (PaTHGainLinear, PaTHShortConvolution)):
@@ -479,8 +513,9 @@ class PaTHLlamaModel(PaTHLlamaPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPast:
-        """`LlamaModel.forward`, except that each layer gets the mask of its type (PaTH layers the 2-D padding mask)
-        and that, when not given, `position_ids` count real tokens only (`cumsum(attention_mask) - 1`)."""
+        """`LlamaModel.forward`, except that each layer gets the mask of its type (PaTH layers the 2-D padding mask,
+        with the boundaries of padded or packed sequences found once: `cu_seq_lens_q`, `indices_q`) and that, when not
+        given, `position_ids` count real tokens only (`cumsum(attention_mask) - 1`)."""
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
 
@@ -491,6 +526,7 @@ class PaTHLlamaModel(PaTHLlamaPreTrainedModel):
             cache = DynamicCache(config=self.config)
 
         past_seen_tokens = cache.get_seq_length() if cache is not None else 0
+        given_position_ids = position_ids
         if position_ids is None:
             if attention_mask is not None and attention_mask.ndim == 2:
                 # As generate() does: left padding must not shift the positions RoPE sees.
@@ -511,6 +547,29 @@ class PaTHLlamaModel(PaTHLlamaPreTrainedModel):
                 position_ids=position_ids,
             )
 
+        # Padding and packed sequences, found once per forward rather than in every PaTH layer (each finding waits for
+        # the device), go down as transformers' flash-attention kwargs.
+        layer_kwargs = dict.fromkeys(self.config.layer_types, kwargs)
+        if PATH_LAYER_TYPE in layer_kwargs and past_seen_tokens == 0 and inputs_embeds.shape[1] > 1:
+            if attention_mask is not None and attention_mask.ndim == 2:
+                unpadded = unpadded_sequences(attention_mask.bool())
+                if unpadded is None:
+                    mask_mapping[PATH_LAYER_TYPE] = None
+                else:
+                    indices, cu_seqlens = unpadded
+                    layer_kwargs[PATH_LAYER_TYPE] = {**kwargs, "cu_seq_lens_q": cu_seqlens, "indices_q": indices}
+            elif attention_mask is None and given_position_ids is not None and kwargs.get("cu_seq_lens_q") is None:
+                cu_seqlens = packed_sequences(given_position_ids, inputs_embeds.shape[0])
+                if cu_seqlens is not None:  # for every layer: flash attention takes them too
+                    max_length = int(cu_seqlens.diff().max())
+                    packed = {
+                        "cu_seq_lens_q": cu_seqlens,
+                        "cu_seq_lens_k": cu_seqlens,
+                        "max_length_q": max_length,
+                        "max_length_k": max_length,
+                    }
+                    layer_kwargs = {layer_type: {**kwargs, **packed} for layer_type in layer_kwargs}
+
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
 
@@ -522,7 +581,7 @@ class PaTHLlamaModel(PaTHLlamaPreTrainedModel):
                 position_ids=position_ids,
                 cache=cache,
                 use_cache=use_cache,
-                **kwargs,
+                **layer_kwargs[decoder_layer.attention_type],
             )
 
         hidden_states = self.norm(hidden_states)

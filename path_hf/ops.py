@@ -18,6 +18,7 @@ modeling file's relative imports), so a checkpoint loads with `trust_remote_code
 from __future__ import annotations
 
 import importlib.util
+import weakref
 from functools import cache
 from itertools import pairwise
 
@@ -28,7 +29,8 @@ BACKENDS = ("auto", "torch", "fla")
 # Head dims FLA's Triton kernels are compiled for (fla/ops/path_attn/parallel.py).
 FLA_HEAD_DIMS = (16, 32, 64, 128)
 # Torch backend: block diagonals walked between two activation checkpoints when training, when the walk would keep
-# more than _CHECKPOINT_ABOVE_BYTES for backward (short sequences keep everything: no recomputation).
+# more than _CHECKPOINT_ABOVE_BYTES for backward (short sequences keep everything: no recomputation) and the caller
+# does not say otherwise (`recompute`).
 _STEPS_PER_CHECKPOINT = 8
 _CHECKPOINT_ABOVE_BYTES = 32 * 2**20
 
@@ -68,6 +70,23 @@ def resolve_backend(backend: str, q: torch.Tensor, v: torch.Tensor | None = None
     return "fla" if q.is_cuda and reason is None else "torch"
 
 
+# The values of the cu_seqlens seen last: (weak reference to the tensor, its version counter, its values).
+_cu_seqlens_on_host: tuple[weakref.ref, int | None, list[int]] | None = None
+
+
+def _host_cu_seqlens(cu_seqlens: torch.Tensor) -> list[int]:
+    """cu_seqlens' values as Python ints. Reading them syncs with the device, so they are kept for the tensor read last
+    (by identity, as FLA's `tensor_cache`): a model hands the same tensor to every layer, which then read it once."""
+    global _cu_seqlens_on_host
+    version = None if cu_seqlens.is_inference() else cu_seqlens._version  # inference tensors keep no version
+    cached = _cu_seqlens_on_host
+    if cached is not None and cached[0]() is cu_seqlens and cached[1] == version:
+        return cached[2]
+    values = cu_seqlens.tolist()
+    _cu_seqlens_on_host = (weakref.ref(cu_seqlens), version, values)
+    return values
+
+
 def _check_inputs(q, k, v, w, beta, g, cu_seqlens) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
@@ -96,7 +115,8 @@ def _check_inputs(q, k, v, w, beta, g, cu_seqlens) -> None:
             raise ValueError(
                 f"With cu_seqlens the batch size must be 1, got {B}: flatten the packed sequences into one row."
             )
-        if cu_seqlens.dim() != 1 or cu_seqlens[0] != 0 or cu_seqlens[-1] != T:
+        bounds = _host_cu_seqlens(cu_seqlens) if cu_seqlens.dim() == 1 else []
+        if not bounds or bounds[0] != 0 or bounds[-1] != T:
             raise ValueError(f"cu_seqlens must be 1-D, start at 0 and end at T={T}; got {cu_seqlens.tolist()}.")
 
 
@@ -113,6 +133,7 @@ def path_attention(
     backend: str = "auto",
     return_k_cache: bool = False,
     chunk_size: int = 64,
+    recompute: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     r"""PaTH attention (causal), FLA's `parallel_path_attn` semantics on any backend.
 
@@ -124,14 +145,21 @@ def path_attention(
         beta: Householder strengths `[B, T, H]` in (0, 2).
         g: optional log forget gate `[B, T, HQ]` (<= 0), PaTH-FoX.
         scale: softmax scale, `D ** -0.5` if None.
-        cu_seqlens: `[N + 1]` boundaries of packed sequences (B must be 1); no attention crosses them.
+        cu_seqlens: `[N + 1]` boundaries of packed sequences (B must be 1), int32 or int64; no attention crosses
+            them. Its values are read to the host once per tensor: pass every layer the same one.
         backend: `"auto"`, `"torch"` or `"fla"`.
         return_k_cache: also return the fully transformed keys, which decoding starts from after a prefill.
         chunk_size: block size of the torch backend.
+        recompute: whether the torch backend's backward recomputes its walk over the block diagonals rather than keep
+            its activations (checkpoints every 8 steps). None (the default) recomputes when keeping them would take
+            more than 32 MiB: memory O(T * chunk) instead of O(T^2), for one extra forward walk. Pass False where the
+            caller is recomputed in backward anyway (a gradient-checkpointed layer): the walk then runs twice per
+            training step, not three times. FLA's kernel ignores it.
 
     Returns:
         o `[B, T, HQ, DV]` in q's dtype, and k_cache `[B, T, H, D]` in k's dtype (None unless asked):
-        `k_cache_j = H_e ... H_{j+1} k_j`, e the last position of j's sequence.
+        `k_cache_j = H_e ... H_{j+1} k_j`, e the last position of j's sequence. Both backends accumulate in fp32
+        whatever the input dtypes, under `torch.autocast` too.
     """
     _check_inputs(q, k, v, w, beta, g, cu_seqlens)
     if chunk_size < 1:
@@ -151,7 +179,10 @@ def path_attention(
             scale=scale, cu_seqlens=cu_seqlens, use_cache=return_k_cache,
         )  # fmt: skip
         return o.to(q.dtype), (k_cache.to(k.dtype) if return_k_cache else None)
-    return _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, return_k_cache)
+    # Autocast would run the matmuls in bf16, the chained products of the walk included: compute in fp32 (from
+    # bf16 inputs too) and return q's dtype, as FLA's kernels do.
+    with torch.autocast(q.device.type, enabled=False):
+        return _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, return_k_cache, recompute)
 
 
 def path_decode_update(keys: torch.Tensor, w: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
@@ -283,12 +314,18 @@ def _sequence_transformed_keys(k, w, beta, chunk_size, dtype):
 def _segment_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     """Sequence index of each of `total` positions; positions past cu_seqlens[-1] get -1."""
     ids = torch.full((total,), -1, dtype=torch.long, device=cu_seqlens.device)
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    ids[: int(cu_seqlens[-1])] = torch.repeat_interleave(torch.arange(len(lengths), device=ids.device), lengths)
+    lengths, end = cu_seqlens[1:] - cu_seqlens[:-1], _host_cu_seqlens(cu_seqlens)[-1]
+    segments = torch.arange(len(lengths), device=ids.device)
+    ids[:end] = torch.repeat_interleave(segments, lengths, output_size=end)  # output_size: no sync
     return ids
 
 
-def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, return_k_cache):
+def _walk_segment(walk, recompute: bool, *state):
+    """`walk(*state)`; with `recompute`, backward keeps only `state` and runs the walk again."""
+    return checkpoint(walk, *state, use_reentrant=False) if recompute else walk(*state)
+
+
+def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, return_k_cache, recompute):
     B, T, HQ, D = q.shape
     H, DV = k.shape[2], v.shape[-1]
     G, C = HQ // H, chunk_size
@@ -358,8 +395,7 @@ def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, 
     # after step m and moves to `done`.
     last_step = N - 1
     if seg is not None:  # no sequence spans more than this many chunk boundaries
-        ids = seg.flatten()[:T]
-        last_step = int((torch.arange(T, device=q.device) // C - (cu_seqlens[:-1] // C)[ids]).max())
+        last_step = max((b - 1) // C - a // C for a, b in pairwise(_host_cu_seqlens(cu_seqlens)) if b > a)
     # Without autograd, update the buffers in place (fewer memory passes).
     in_place = not (torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, w, beta, g)))
 
@@ -380,18 +416,15 @@ def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, 
                 k_run = k_run[:-1] @ p_walk[d : N - 1].transpose(-1, -2)
         return torch.cat(finished), acc, m, k_run
 
-    # Backward keeps every step's softmax inputs unless they are large: then only the segment boundaries are kept
-    # and the steps recomputed, memory O(T * (C + D)).
+    # Backward keeps every step's softmax inputs unless they are large (or the caller says): then only the segment
+    # boundaries are kept and the steps recomputed, memory O(T * (C + D)).
     saved_bytes = 3 * last_step * N / 2 * B * H * G * C * C * vc.element_size()
-    recompute = not in_place and saved_bytes > _CHECKPOINT_ABOVE_BYTES
+    recompute = not in_place and (saved_bytes > _CHECKPOINT_ABOVE_BYTES if recompute is None else recompute)
     done = [acc[:1]]
     state = (acc[1:], m[1:], k_walk[: N - 1])
     for first in range(1, last_step + 1, _STEPS_PER_CHECKPOINT):
         stop = min(first + _STEPS_PER_CHECKPOINT, last_step + 1)
-        if recompute:
-            finished, *state = checkpoint(walk, first, stop, *state, use_reentrant=False)
-        else:
-            finished, *state = walk(first, stop, *state)
+        finished, *state = _walk_segment(walk, recompute, first, stop, *state)
         done.append(finished)
     done.append(state[0])
 
@@ -403,10 +436,9 @@ def _chunked_path_attention(q, k, v, w, beta, g, scale, cu_seqlens, chunk_size, 
     if cu_seqlens is None:
         k_cache = _from_chunks(_transformed_keys(k_end, p), T)
     else:  # each sequence's keys stop at its own end
-        bounds = cu_seqlens.tolist()
+        bounds = pairwise(_host_cu_seqlens(cu_seqlens))
         k_cache = torch.cat(
-            [_sequence_transformed_keys(k[:, a:b], w[:, a:b], beta[:, a:b], C, dtype) for a, b in pairwise(bounds)],
-            dim=1,
+            [_sequence_transformed_keys(k[:, a:b], w[:, a:b], beta[:, a:b], C, dtype) for a, b in bounds], dim=1
         )
     return o, k_cache.to(k.dtype)
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tiny_models import SOURCES, path_config_from, random_tokens, tiny_config, tiny_model
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModel, AutoModelForCausalLM, DataCollatorWithFlattening
 from transformers.models.llama.modeling_llama import LlamaAttention, apply_rotary_pos_emb
 
@@ -217,6 +218,76 @@ def test_padded_batch_equals_unpadded(side):
         assert max_rel_err(logits[row][mask[row].bool()], model(s[None]).logits[0]) < 1e-5
 
 
+def test_collator_sequence_boundaries_equal_found_ones():
+    """`cu_seq_lens_q` from the collator (transformers' flash-attention kwargs) are used as they come."""
+    model = tiny_model(rope_mode="keep", path_layers=[1])
+    sequences = [random_tokens(1, n, seed=n)[0].tolist() for n in (5, 9, 4)]
+    batch = DataCollatorWithFlattening(return_tensors="pt", return_flash_attn_kwargs=True)(
+        [{"input_ids": s} for s in sequences]
+    )
+    assert batch["cu_seq_lens_q"].tolist() == [0, 5, 14, 18]
+    given = model(**{name: value for name, value in batch.items() if name != "labels"}).logits
+    found = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+    torch.testing.assert_close(given, found, rtol=0, atol=0)
+
+
+class HostSyncCounter(TorchDispatchMode):
+    """Counts the ops that make the host wait for the device on GPU (on CPU they cost nothing, but are the same ops):
+    reading a value (`.item()`, `bool()`, `int()`), `nonzero`, boolean indexing, `repeat_interleave` without
+    `output_size`. (`.tolist()` does not dispatch on CPU and goes uncounted.)"""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        aten = torch.ops.aten
+        if func in (aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default):
+            self.count += 1
+        elif func is aten.index.Tensor and any(i is not None and i.dtype == torch.bool for i in args[1]):
+            self.count += 1
+        elif func is aten.repeat_interleave.Tensor and kwargs.get("output_size") is None:
+            self.count += 1
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("inputs", ["plain", "packed", "padded"])
+@pytest.mark.parametrize("mixed", [False, True], ids=["all-path", "mixed"])
+def test_host_syncs_per_forward_do_not_grow_with_layers(inputs, mixed, monkeypatch):
+    """Packing and padding are found once per forward, and passed down (`cu_seq_lens_q`, `indices_q`); the layers,
+    `path_attention`'s checks and its torch backend read nothing more from the device."""
+    from path_hf import modeling_path_llama
+
+    sequences = [random_tokens(1, n, seed=n)[0].tolist() for n in (70, 9, 50)]  # chunks of 64: a walk to run
+    if inputs == "padded":
+        T = max(map(len, sequences))
+        ids, mask = torch.zeros(3, T, dtype=torch.long), torch.zeros(3, T, dtype=torch.long)
+        for row, s in enumerate(sequences):
+            ids[row, T - len(s) :], mask[row, T - len(s) :] = torch.tensor(s), 1
+        batch = {"input_ids": ids, "attention_mask": mask}
+    elif inputs == "packed":
+        batch = DataCollatorWithFlattening(return_tensors="pt")([{"input_ids": s} for s in sequences])
+        batch = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
+    else:
+        batch = {"input_ids": torch.tensor([sequences[0]])}
+
+    calls = []
+    for name in ("packed_sequences", "unpadded_sequences"):
+        found = getattr(modeling_path_llama, name)
+        monkeypatch.setattr(modeling_path_llama, name, lambda *args, found=found: calls.append(1) or found(*args))
+
+    syncs = {}
+    for layers in (2, 4):
+        model = tiny_model(num_hidden_layers=layers, path_layers=list(range(0, layers, 2)) if mixed else None).train()
+        calls.clear()
+        with HostSyncCounter() as counter:
+            model(**batch)
+        syncs[layers] = counter.count
+        assert len(calls) == (inputs != "plain")
+    assert syncs[2] == syncs[4]
+
+
 def test_gradient_checkpointing_gives_the_same_gradients():
     model = tiny_model(path_layers=[1]).train()
     ids, mask = random_tokens(2, 12), torch.ones(2, 12, dtype=torch.long)
@@ -233,6 +304,41 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     checkpointed = grads()
     for name, grad in plain.items():
         torch.testing.assert_close(checkpointed[name], grad)
+
+
+def test_gradient_checkpointing_runs_the_walk_twice(monkeypatch):
+    """A checkpointed layer is recomputed in backward, so the torch backend keeps its walk's activations rather than
+    recompute the walk once more: two walks per layer and step (forward, recompute), as without checkpointing."""
+    from path_hf import ops
+
+    monkeypatch.setattr(ops, "_CHECKPOINT_ABOVE_BYTES", 0)  # by default, every walk is recomputed
+    runs = []
+    walk_segment = ops._walk_segment
+
+    def counting_walk_segment(walk, recompute, *state):
+        return walk_segment(lambda *args: runs.append(1) or walk(*args), recompute, *state)
+
+    monkeypatch.setattr(ops, "_walk_segment", counting_walk_segment)
+    model = tiny_model().train()
+    ids = random_tokens(1, 200)  # 4 chunks of 64: one segment of the walk per layer
+
+    def walks_and_grads():
+        runs.clear()
+        model.zero_grad()
+        model(ids, labels=ids).loss.backward()
+        return len(runs), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    plain_walks, plain = walks_and_grads()
+    model.activation_checkpointing_enable()
+    checkpointed_walks, checkpointed = walks_and_grads()
+    assert plain_walks == checkpointed_walks == 2 * model.config.num_hidden_layers
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, rtol=0, atol=0)
+
+    model.activation_checkpointing_enable(every_n_layers=2)
+    assert [layer.self_attn.gradient_checkpointing for layer in model.model.layers] == [True, False]
+    model.activation_checkpointing_disable()
+    assert not any(layer.self_attn.gradient_checkpointing for layer in model.model.layers)
 
 
 def test_bf16_forward_and_generate():

@@ -85,20 +85,25 @@ def test_torch_backend_vs_reference(B, T, HQ, H, D, DV, gate, chunk_size):
         assert_close(f"d{name}", ref_grads[name], grads[name], 1e-10)
 
 
-@pytest.mark.parametrize("recompute", [True, False], ids=["recomputed-walk", "kept-walk"])
-def test_torch_backend_gradients_with_and_without_recomputation(recompute, monkeypatch):
-    """Long walks keep only segment boundaries for backward and recompute the steps; short ones keep every step.
-    Both give the reference's gradients, over several segments (19 chunks, 8 steps a segment)."""
+@pytest.mark.parametrize(
+    ("long_walk", "recompute", "checkpointed"),
+    [(True, None, True), (False, None, False), (True, False, False), (False, True, True)],
+    ids=["long-walk-recomputed", "short-walk-kept", "kept-as-asked", "recomputed-as-asked"],
+)
+def test_torch_backend_gradients_with_and_without_recomputation(long_walk, recompute, checkpointed, monkeypatch):
+    """By default long walks keep only segment boundaries for backward and recompute the steps, and short ones keep
+    every step; `recompute` overrides. All give the reference's gradients, over several segments (19 chunks, 8 steps
+    a segment)."""
     from path_hf import ops
 
-    monkeypatch.setattr(ops, "_CHECKPOINT_ABOVE_BYTES", 0 if recompute else 2**62)
+    monkeypatch.setattr(ops, "_CHECKPOINT_ABOVE_BYTES", 0 if long_walk else 2**62)
     calls = []
     monkeypatch.setattr(ops, "checkpoint", lambda *args, **kwargs: calls.append(1) or torch_checkpoint(*args, **kwargs))
     x = make_inputs(1, 300, 4, 2, 16, 16, gate=True, seed=5)
     do = torch.randn(1, 300, 4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     ref, ref_grads = forward_backward(path_attention_reference, x, do)
-    out, grads = forward_backward(path_attention, x, do, backend="torch", chunk_size=16)
-    assert len(calls) == (3 if recompute else 0)
+    out, grads = forward_backward(path_attention, x, do, backend="torch", chunk_size=16, recompute=recompute)
+    assert len(calls) == (3 if checkpointed else 0)
     assert_close("o", ref, out, 1e-10)
     for name in ref_grads:
         assert_close(f"d{name}", ref_grads[name], grads[name], 1e-10)
@@ -181,6 +186,36 @@ def test_torch_backend_low_precision(B, T, HQ, H, D, DV, gate, chunk_size):
     assert out.dtype == k_cache.dtype == torch.bfloat16
     assert_close("o", ref, out, 2e-2)
     assert_close("k_cache", ref_k_cache, k_cache, 2e-2)
+
+
+# Under bf16 autocast, with q, k, v rounded to bf16: the output's and gradients' own rounding to bf16 (relative
+# 2^-9 at most, ~1.6e-3 to 2.4e-3 measured at T=1024) when they are bf16; fp32 arithmetic when they are fp32.
+# Matmuls run in bf16 by autocast measured 5.6e-3 to 2.7e-2 at T=1024 (the error grows with T, and with the gate).
+AUTOCAST_RTOL = {torch.bfloat16: 3e-3, torch.float32: 1e-5}
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["nogate", "gate"])
+@pytest.mark.parametrize("qkv_dtype", [torch.bfloat16, torch.float32], ids=["qkv-bf16", "qkv-fp32"])
+def test_torch_backend_under_autocast(qkv_dtype, gate):
+    """Every shipped accelerate config trains under bf16 autocast: the torch backend still accumulates in fp32, and
+    returns q's dtype (as FLA's kernels do)."""
+    T = 1024
+    x = make_inputs(1, T, 4, 2, 32, gate=gate, dtype=torch.float32, seed=3)
+    # What a layer under autocast passes: q, k, v from bf16 projections; w, beta and g computed in fp32.
+    for name in ("q", "k", "v"):
+        x[name] = x[name].detach().bfloat16().to(qkv_dtype).requires_grad_()
+    do = torch.randn(1, T, 4, 32, generator=torch.Generator().manual_seed(1))
+    # Reference: the same (rounded) values in fp64 (the fp64 torch backend matches the brute force to 1e-10, above).
+    exact = {name: None if t is None else t.detach().double().requires_grad_() for name, t in x.items()}
+    ref, ref_grads = forward_backward(path_attention, exact, do.double(), backend="torch")
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the forward; backward runs outside, as in training
+        out = path_attention(**x, backend="torch")[0]
+    assert out.dtype == qkv_dtype
+    leaves = {name: t for name, t in x.items() if t is not None}
+    grads = dict(zip(leaves, torch.autograd.grad(out, list(leaves.values()), do.to(qkv_dtype)), strict=True))
+    assert_close("o", ref, out, AUTOCAST_RTOL[qkv_dtype])
+    for name in ref_grads:
+        assert_close(f"d{name}", ref_grads[name], grads[name], AUTOCAST_RTOL[qkv_dtype])
 
 
 @pytest.mark.parametrize(
