@@ -53,8 +53,8 @@ class PaTHLlamaConfig(LlamaConfig):
             0 is FLA's init (about -0.69 a token: attention reaches back a few tokens until training opens the gate);
             larger values start with less forgetting (6: about -0.0025 a token).
         path_init (`str`, *optional*, defaults to `"default"`):
-            How the PaTH parameters start. `"default"`: FLA's random init. `"identity"`: the gains of `bt_proj`
-            (and of `g_proj`) start at 0, so every Householder transform is exactly the identity (and the forget
+            How the PaTH parameters start. `"default"`: FLA's random init. `"identity"`: the gains of beta and g
+            (`bt_gain`, `g_gain`) start at 0, so every Householder transform is exactly the identity (and the forget
             gate exactly 1) while the gains still receive gradients, so PaTH switches on at the first optimizer
             step. With `rope_mode="keep"` an identity-initialised model computes what its source model computed.
 

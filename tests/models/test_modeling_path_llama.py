@@ -1,10 +1,13 @@
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+from peft import LoraConfig, get_peft_model
+from safetensors.torch import load_file, save_file
 from tiny_models import SOURCES, path_config_from, random_tokens, tiny_config, tiny_model
 from transformers import AutoModel, AutoModelForCausalLM, DataCollatorWithFlattening
 from transformers.models.llama.modeling_llama import LlamaAttention, apply_rotary_pos_emb
@@ -16,7 +19,7 @@ from path_hf import (
     PaTHLlamaRoPEAttention,
     init_path_parameters,
 )
-from path_hf.modeling_path_llama import PaTHBetaProjection
+from path_hf.modeling_path_llama import PATH_MODULES, PaTHGain
 from path_hf.ops import naive_path_attention
 
 
@@ -37,7 +40,7 @@ def test_identity_init_keeps_the_source_logits(source, forget_gate, tmp_path):
     )
     model, info = PaTHLlamaForCausalLM.from_pretrained(tmp_path, config=config, output_loading_info=True)
     assert info["unexpected_keys"] == set() and not info["mismatched_keys"]
-    assert all(".w_" in key or ".bt_proj." in key or ".g_proj." in key for key in info["missing_keys"])
+    assert all(any(f".{name}." in key for name in PATH_MODULES) for key in info["missing_keys"])
 
     ids = random_tokens(2, 11)
     expected = source_model(ids).logits
@@ -56,7 +59,7 @@ def test_from_pretrained_initialises_the_new_parameters(tmp_path):
         model = PaTHLlamaForCausalLM.from_pretrained(tmp_path, config=config)
         for layer in model.model.layers:
             attn = layer.self_attn
-            assert torch.all(attn.bt_proj.gain == gain) and torch.all(attn.g_proj.gain == gain)
+            assert torch.all(attn.bt_gain.weight == gain) and torch.all(attn.g_gain.weight == gain)
             assert torch.all(attn.bt_proj.bias == 0) and torch.all(attn.g_proj.bias == gate_bias)
             for weight in (attn.w_proj[0].weight, attn.w_proj[1].weight, attn.w_conv1d.weight, attn.bt_proj.weight):
                 assert weight.isfinite().all() and 0.5 * 0.02 < weight.std() < 2 * 0.02
@@ -77,10 +80,10 @@ def test_init_path_parameters_on_a_fresh_layer(path_init):
             param.fill_(float("nan"))
     init_path_parameters(attn, config)
     gain = 0.0 if path_init == "identity" else 1.0
-    assert torch.all(attn.bt_proj.gain == gain) and torch.all(attn.g_proj.gain == gain)
+    assert torch.all(attn.bt_gain.weight == gain) and torch.all(attn.g_gain.weight == gain)
     assert torch.all(attn.bt_proj.bias == 0) and torch.all(attn.g_proj.bias == 0)
     for name, param in path_params.items():
-        if name.endswith("weight"):
+        if name.endswith("weight") and "_gain." not in name:
             assert 0.5 * 0.02 < param.std() < 2 * 0.02, name
     for name, param in attn.named_parameters():
         if name in source_params:
@@ -94,7 +97,7 @@ def test_identity_init_learns_from_the_first_step():
     ids = random_tokens(2, 16)
     before = model(ids).logits.detach()
     model(ids, labels=ids).loss.backward()
-    gains = [p for n, p in model.named_parameters() if n.endswith(".gain")]
+    gains = [p for n, p in model.named_parameters() if n.endswith("_gain.weight")]
     assert len(gains) == 2 * config.num_hidden_layers
     assert all(p.grad.abs().min() > 0 for p in gains)
 
@@ -104,15 +107,63 @@ def test_identity_init_learns_from_the_first_step():
 
 
 def test_gain_is_clamped_forward_and_straight_through_backward():
-    proj = PaTHBetaProjection(8, 3, beta_max=1.5)
-    x = torch.randn(5, 8)
-    full = 1.5 * torch.sigmoid(F.linear(x, proj.weight, proj.bias))
+    gain = PaTHGain(3)
+    x = torch.rand(5, 3)
     with torch.no_grad():
-        proj.gain.copy_(torch.tensor([-0.5, 0.25, 1.5]))
-    beta = proj(x)
-    torch.testing.assert_close(beta, full * torch.tensor([0.0, 0.25, 1.0]))
-    beta.sum().backward()
-    torch.testing.assert_close(proj.gain.grad, full.detach().sum(0))
+        gain.weight.copy_(torch.tensor([-0.5, 0.25, 1.5]))
+    out = gain(x)
+    torch.testing.assert_close(out, x * torch.tensor([0.0, 0.25, 1.0]))
+    out.sum().backward()
+    torch.testing.assert_close(gain.weight.grad, x.sum(0))
+
+
+def test_all_linear_lora_merges_into_the_same_model():
+    """A user's own LoRA on every Linear, PaTH's bt_proj and g_proj included, gives the same logits merged."""
+    model = tiny_model()
+    ids = random_tokens(2, 10)
+    with torch.no_grad():
+        base = model(ids).logits
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    wrapped = {name.rsplit(".", 1)[-1] for name, module in peft_model.named_modules() if hasattr(module, "lora_A")}
+    assert {"w_proj", "bt_proj", "g_proj", "q_proj"} <= wrapped
+    with torch.no_grad():
+        expected = peft_model(ids).logits
+        assert max_rel_err(expected, base) > 1e-2  # the adapters act
+        merged = peft_model.merge_and_unload()
+        assert not any("lora" in name for name, _ in merged.named_parameters())
+        assert max_rel_err(merged(ids).logits, expected) < 1e-5
+
+
+def move_gains_into_the_projections(directory) -> None:
+    """Rewrite a saved model in the layout of path-hf before the gains had modules of their own: `bt_gain.weight`
+    and `g_gain.weight` stored as `bt_proj.gain` and `g_proj.gain`."""
+    file = directory / "model.safetensors"
+    tensors = load_file(file)
+    tensors = {re.sub(r"\.(bt|g)_gain\.weight$", r".\1_proj.gain", name): t for name, t in tensors.items()}
+    assert any(name.endswith("bt_proj.gain") for name in tensors)
+    save_file(tensors, file, metadata={"format": "pt"})
+
+
+def test_checkpoint_with_the_gains_in_the_projections_loads(tmp_path):
+    """Such a checkpoint (its gains acted clamped to [0, 1]) loads with the same logits, and saves in today's layout."""
+    model = tiny_model()
+    with torch.no_grad():
+        model.model.layers[0].self_attn.bt_gain.weight.copy_(torch.tensor([0.3, 1.0]))
+        model.model.layers[1].self_attn.g_gain.weight.copy_(torch.tensor([0.0, 0.5, 0.9, 1.0]))
+    model.save_pretrained(tmp_path / "old")
+    move_gains_into_the_projections(tmp_path / "old")
+    tensors = load_file(tmp_path / "old" / "model.safetensors")
+    # values outside [0, 1] acted as 0 or 1
+    tensors["model.layers.0.self_attn.bt_proj.gain"] = torch.tensor([0.3, 1.7])
+    tensors["model.layers.1.self_attn.g_proj.gain"] = torch.tensor([-0.4, 0.5, 0.9, 2.0])
+    save_file(tensors, tmp_path / "old" / "model.safetensors", metadata={"format": "pt"})
+
+    loaded, info = PaTHLlamaForCausalLM.from_pretrained(tmp_path / "old", output_loading_info=True)
+    assert not any(info.values())
+    ids = random_tokens(2, 10)
+    torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+    loaded.save_pretrained(tmp_path / "resaved")
+    assert load_file(tmp_path / "resaved" / "model.safetensors").keys() == model.state_dict().keys()
 
 
 def reference_path_layer(attn: PaTHLlamaAttention, x: torch.Tensor, cos_sin) -> torch.Tensor:
@@ -280,9 +331,12 @@ torch.save({"logits": model(**inputs).logits, "sequences": out.sequences, "step_
 """
 
 
-def test_trust_remote_code_load_without_path_hf(tmp_path):
+@pytest.mark.parametrize("layout", ["current", "gains-in-projections"])
+def test_trust_remote_code_load_without_path_hf(layout, tmp_path):
     model = tiny_model(path_layers=[1], path_w_rank=4, qk_norm=True)
     model.save_pretrained(tmp_path / "model")
+    if layout == "gains-in-projections":
+        move_gains_into_the_projections(tmp_path / "model")
     assert {"modeling_path_llama.py", "configuration_path_llama.py", "cache_path_llama.py", "ops.py"} <= {
         p.name for p in (tmp_path / "model").iterdir()
     }
