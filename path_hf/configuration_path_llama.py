@@ -56,7 +56,8 @@ class PaTHLlamaConfig(LlamaConfig):
             How the PaTH parameters start. `"default"`: FLA's random init. `"identity"`: the gains of beta and g
             (`bt_gain`, `g_gain`) start at 0, so every Householder transform is exactly the identity (and the forget
             gate exactly 1) while the gains still receive gradients, so PaTH switches on at the first optimizer
-            step. With `rope_mode="keep"` an identity-initialised model computes what its source model computed.
+            step. With `rope_mode="keep"` an identity-initialised model computes what its source model computed. A
+            gain is its weight folded into [0, 1] (`|w|` near 0): it acts whatever value training gives the weight.
 
     ```python
     >>> from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM

@@ -47,10 +47,11 @@ class PaTHGain(nn.Module):
     """`bt_gain` / `g_gain`: a gain per head in [0, 1] that scales beta or the log forget gate, `[..., heads]` in
     float32.
 
-    A gain of 0 switches the PaTH component off exactly (`path_init="identity"`) while keeping it trainable: the
-    forward uses the gain clamped to [0, 1], the backward passes the gradient to the unclamped gain
-    (straight-through), so it is never stuck at 0. A module of its own, so that `bt_proj` and `g_proj` stay the plain
-    `nn.Linear`s they look like (as in FLA) and PEFT can list it in `modules_to_save`.
+    The gain is the weight folded into [0, 1], a triangle wave of period 2 (`|w|` on [-1, 1]), so every value of the
+    weight acts on the output with slope +-1: no optimizer hook keeps it in range and it never drifts where it does
+    nothing. A weight of 0 switches the PaTH component off exactly (`path_init="identity"`) and still gets the
+    gradient of a gain (slope +1 there), so training switches it on. A module of its own, so that `bt_proj` and
+    `g_proj` stay the plain `nn.Linear`s they look like (as in FLA) and PEFT can list it in `modules_to_save`.
     """
 
     def __init__(self, num_heads: int):
@@ -58,8 +59,8 @@ class PaTHGain(nn.Module):
         self.weight = nn.Parameter(torch.ones(num_heads))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gain = self.weight.float()
-        return x * (gain + (gain.clamp(0, 1) - gain).detach())
+        phase = torch.remainder(self.weight.float(), 2)
+        return x * torch.where(phase <= 1, phase, 2 - phase)
 
 
 class PaTHGainInProjection(ConversionOps):

@@ -106,15 +106,50 @@ def test_identity_init_learns_from_the_first_step():
     assert not torch.allclose(model(ids).logits, before, rtol=0, atol=1e-4)
 
 
-def test_gain_is_clamped_forward_and_straight_through_backward():
-    gain = PaTHGain(3)
-    x = torch.rand(5, 3)
+def test_gain_folds_its_weight_into_0_1():
+    gain = PaTHGain(7)
+    x = torch.rand(5, 7)
     with torch.no_grad():
-        gain.weight.copy_(torch.tensor([-0.5, 0.25, 1.5]))
+        gain.weight.copy_(torch.tensor([0.0, 0.25, 1.0, -0.3, 1.5, 2.6, -1.2]))
     out = gain(x)
-    torch.testing.assert_close(out, x * torch.tensor([0.0, 0.25, 1.0]))
+    torch.testing.assert_close(out, x * torch.tensor([0.0, 0.25, 1.0, 0.3, 0.5, 0.6, 0.8]))
     out.sum().backward()
-    torch.testing.assert_close(gain.weight.grad, x.sum(0))
+    torch.testing.assert_close(gain.weight.grad, x.sum(0) * torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, 1.0, 1.0]))
+
+
+def test_training_from_the_identity_keeps_every_gain_acting():
+    """Trained from the identity, beta moves off 0 in every head, and every gain still acts on the output: moving
+    its weight either way changes the logits (a gain clamped to [0, 1] would sit dead outside it)."""
+    torch.manual_seed(0)
+    model = PaTHLlamaForCausalLM(tiny_config(rope_mode="keep", path_init="identity", initializer_range=0.02))
+    ids = random_tokens(2, 16)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(6):
+        optimizer.zero_grad()
+        model(ids, labels=ids).loss.backward()
+        optimizer.step()
+
+    betas = []
+    hooks = [
+        layer.self_attn.bt_gain.register_forward_hook(lambda module, args, beta: betas.append(beta))
+        for layer in model.model.layers
+    ]
+    with torch.no_grad():
+        logits = model(ids).logits
+    for hook in hooks:
+        hook.remove()
+    assert all((beta.abs().amin(dim=(0, 1)) > 0).all() for beta in betas)
+
+    gains = [module.weight for module in model.modules() if isinstance(module, PaTHGain)]
+    assert len(gains) == 2 * model.config.num_hidden_layers
+    with torch.no_grad():
+        for weight in gains:
+            for head in range(weight.numel()):
+                for step in (-0.01, 0.01):
+                    weight[head] += step
+                    moved = (model(ids).logits - logits).abs().max()
+                    weight[head] -= step
+                    assert moved > 1e-6, (weight, head, step)
 
 
 def test_all_linear_lora_merges_into_the_same_model():
