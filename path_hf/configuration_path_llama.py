@@ -67,6 +67,14 @@ class PaTHLlamaConfig(LlamaConfig):
     ```"""
 
     model_type = "path_llama"
+    # Tensor parallelism shards the MLPs only (with the embeddings and the head, as for Llama); every attention layer
+    # stays whole on each rank. Llama's plan also splits q/k/v/o by heads, which PaTH's w_proj, w_conv1d, bt_proj,
+    # g_proj and the gains would have to follow, heads alike, for the Householder transforms to meet their keys.
+    base_model_tp_plan = {
+        "layers.*.mlp.gate_proj": "colwise",
+        "layers.*.mlp.up_proj": "colwise",
+        "layers.*.mlp.down_proj": "rowwise",
+    }
 
     attention_o_bias: bool | None = None
     qk_norm: bool = False

@@ -14,6 +14,7 @@ from transformers.models.llama.modeling_llama import LlamaAttention, apply_rotar
 
 from path_hf import (
     PaTHLlamaAttention,
+    PaTHLlamaConfig,
     PaTHLlamaForCausalLM,
     PaTHLlamaModel,
     PaTHLlamaRoPEAttention,
@@ -338,6 +339,52 @@ def test_auto_classes():
     config = tiny_config()
     assert type(AutoModel.from_config(config)) is PaTHLlamaModel
     assert type(AutoModelForCausalLM.from_config(config)) is PaTHLlamaForCausalLM
+
+
+TENSOR_PARALLEL_CHILD = """
+import sys
+
+import torch
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM, DistributedConfig
+
+import path_hf
+
+model_dir = sys.argv[1]
+ids = torch.randint(1, 101, (2, 9), generator=torch.Generator().manual_seed(0))
+reference = AutoModelForCausalLM.from_pretrained(model_dir)
+sharded = AutoModelForCausalLM.from_pretrained(model_dir, distributed_config=DistributedConfig(tp_size=2))
+assert isinstance(sharded.model.layers[1].mlp.up_proj.weight, DTensor)
+assert not any(isinstance(p, DTensor) for p in sharded.model.layers[1].self_attn.parameters())
+outputs = [model(ids, labels=ids) for model in (reference, sharded)]
+for out in outputs:
+    out.loss.backward()
+torch.testing.assert_close(outputs[1].logits, outputs[0].logits)
+for (name, param), sharded_param in zip(reference.named_parameters(), sharded.parameters(), strict=True):
+    grad = sharded_param.grad.full_tensor() if isinstance(sharded_param.grad, DTensor) else sharded_param.grad
+    torch.testing.assert_close(grad, param.grad, msg=name)
+with torch.no_grad():
+    expected = reference.generate(ids, max_new_tokens=4, do_sample=False)
+    torch.testing.assert_close(sharded.generate(ids, max_new_tokens=4, do_sample=False), expected, rtol=0, atol=0)
+"""
+
+
+def test_tensor_parallel_plan(tmp_path):
+    """`from_pretrained(distributed_config=DistributedConfig(tp_size=2))` on two CPU processes (gloo) shards the MLPs
+    and keeps each attention layer whole: logits, gradients and greedy generation equal the unsharded model's."""
+    assert not any("self_attn" in name for name in PaTHLlamaConfig.base_model_tp_plan)
+    tiny_model(path_layers=[1]).save_pretrained(tmp_path / "model")
+    (tmp_path / "child.py").write_text(TENSOR_PARALLEL_CHILD)
+    child = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        + [str(tmp_path / "child.py"), str(tmp_path / "model")],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-3000:]
 
 
 def test_save_load_round_trip(tmp_path):
