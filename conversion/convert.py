@@ -577,7 +577,7 @@ def model_card(plan: ConversionPlan) -> str:
         copied = f"Every weight of the source is copied under its own name, cast to {plan.options.dtype}."
     if config.rope_mode == "keep" and config.path_init == "identity":
         starting_point = (
-            "RoPE is kept and every Householder transform starts at the identity (the `bt_proj` gains are 0), so "
+            "RoPE is kept and every Householder transform starts at the identity (the `bt_gain` gains are 0), so "
             "this model computes exactly what the source model computes until training moves the new parameters."
         )
     elif config.rope_mode == "keep":
@@ -611,8 +611,8 @@ al., 2025, [arXiv:2505.16381](https://arxiv.org/abs/2505.16381)) by `path-hf con
 ```
 
 {copied} Each PaTH layer gets new parameters: `w_proj` (the Householder directions),
-`w_conv1d` (a short causal convolution on them, if `path_conv_size > 0`), `bt_proj` (their strengths beta) and,
-with the forget gate, `g_proj`. They are initialised by PaTHLlama's own init, seeded from
+`w_conv1d` (a short causal convolution on them, if `path_conv_size > 0`), `bt_proj` and `bt_gain` (their strengths
+beta) and, with the forget gate, `g_proj` and `g_gain`. They are initialised by PaTHLlama's own init, seeded from
 `--seed {plan.options.seed}`. {starting_point}
 
 The command and its options are recorded in `config.json` under `path_conversion`.
@@ -635,8 +635,8 @@ weights. PaTH attention runs with flash-linear-attention's Triton kernel on CUDA
 
 The new parameters are ordinary parameters: fine-tune, distill from the source model (the paper's recipe matches
 each attention layer's output, then the logits) or continue pretraining with any transformers trainer; the
-recipes of path-hf do this with accelerate. With PEFT, keep the new modules trainable:
-`modules_to_save=["w_proj", "w_conv1d", "bt_proj"{', "g_proj"' if config.path_forget_gate else ""}]`.
+recipes of path-hf do this with accelerate. With PEFT, keep the new modules trainable: `modules_to_save=["w_proj",
+"w_conv1d", "bt_proj", "bt_gain"{', "g_proj", "g_gain"' if config.path_forget_gate else ""}]`.
 """
 
 

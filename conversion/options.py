@@ -116,8 +116,8 @@ class ConvertOptions:
         default=PaTHLlamaConfig.path_init,
         metadata={
             "choices": PATH_INITS,
-            "help": "how the new parameters start. default: FLA's random init. identity: the gains of bt_proj (and "
-            "g_proj) start at 0, so every Householder transform is the identity (and the forget gate 1) until "
+            "help": "how the new parameters start. default: FLA's random init. identity: the gains bt_gain (and "
+            "g_gain) start at 0, so every Householder transform is the identity (and the forget gate 1) until "
             "training moves them (default: %(default)s)",
         },
     )

@@ -1,7 +1,7 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
 """`--verify`: run the converted checkpoint and its source on the same tokens and compare their logits.
 
-With RoPE kept and every Householder transform at the identity (all `bt_proj` / `g_proj` gains 0, whatever
+With RoPE kept and every Householder transform at the identity (all `bt_gain` / `g_gain` gains 0, whatever
 `--init` chose), a PaTH layer computes what the source layer computed, so the logits must agree to rounding: any
 larger difference is a weight that went to the wrong place.
 
@@ -36,7 +36,7 @@ from transformers.models.mistral.modeling_mistral import MistralRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
-from path_hf.modeling_path_llama import PaTHBetaProjection, PaTHForgetGateProjection
+from path_hf.modeling_path_llama import PaTHGain
 
 from .convert import ConversionPlan
 from .errors import ConversionError
@@ -177,8 +177,8 @@ def relative_difference(output: torch.Tensor, reference: torch.Tensor) -> float:
 def identity_transforms(layer: nn.Module) -> None:
     """Set every Householder transform of `layer` to the identity (and every forget gate to 1)."""
     for module in layer.modules():
-        if isinstance(module, (PaTHBetaProjection, PaTHForgetGateProjection)):
-            module.gain.data.zero_()  # beta = 0: H_t = I; g = 0: forget gate 1
+        if isinstance(module, PaTHGain):
+            module.weight.data.zero_()  # beta = 0: H_t = I; g = 0: forget gate 1
 
 
 def _perplexity(logits: torch.Tensor, input_ids: torch.Tensor) -> float:

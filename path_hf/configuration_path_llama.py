@@ -53,10 +53,11 @@ class PaTHLlamaConfig(LlamaConfig):
             0 is FLA's init (about -0.69 a token: attention reaches back a few tokens until training opens the gate);
             larger values start with less forgetting (6: about -0.0025 a token).
         path_init (`str`, *optional*, defaults to `"default"`):
-            How the PaTH parameters start. `"default"`: FLA's random init. `"identity"`: the gains of `bt_proj`
-            (and of `g_proj`) start at 0, so every Householder transform is exactly the identity (and the forget
+            How the PaTH parameters start. `"default"`: FLA's random init. `"identity"`: the gains of beta and g
+            (`bt_gain`, `g_gain`) start at 0, so every Householder transform is exactly the identity (and the forget
             gate exactly 1) while the gains still receive gradients, so PaTH switches on at the first optimizer
-            step. With `rope_mode="keep"` an identity-initialised model computes what its source model computed.
+            step. With `rope_mode="keep"` an identity-initialised model computes what its source model computed. A
+            gain is its weight folded into [0, 1] (`|w|` near 0): it acts whatever value training gives the weight.
 
     ```python
     >>> from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
@@ -66,6 +67,14 @@ class PaTHLlamaConfig(LlamaConfig):
     ```"""
 
     model_type = "path_llama"
+    # Tensor parallelism shards the MLPs only (with the embeddings and the head, as for Llama); every attention layer
+    # stays whole on each rank. Llama's plan also splits q/k/v/o by heads, which PaTH's w_proj, w_conv1d, bt_proj,
+    # g_proj and the gains would have to follow, heads alike, for the Householder transforms to meet their keys.
+    base_model_tp_plan = {
+        "layers.*.mlp.gate_proj": "colwise",
+        "layers.*.mlp.up_proj": "colwise",
+        "layers.*.mlp.down_proj": "rowwise",
+    }
 
     attention_o_bias: bool | None = None
     qk_norm: bool = False

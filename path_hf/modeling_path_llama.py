@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
+from transformers.conversion_mapping import register_checkpoint_conversion_mapping
+from transformers.core_model_loading import ConversionOps, WeightConverter, WeightRenaming
 from transformers.masking_utils import create_causal_mask, find_packed_sequence_indices
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
@@ -41,41 +43,59 @@ from .configuration_path_llama import PATH_LAYER_TYPE, PaTHLlamaConfig
 from .ops import path_attention, path_decode_update
 
 
-class PaTHGainLinear(nn.Linear):
-    """`nn.Linear` with a per-output `gain` in [0, 1] scaling what the subclass computes from its output.
+class PaTHGain(nn.Module):
+    """`bt_gain` / `g_gain`: a gain per head in [0, 1] that scales beta or the log forget gate, `[..., heads]` in
+    float32.
 
-    A gain of 0 switches the PaTH component off exactly (`path_init="identity"`) while keeping it trainable: the
-    forward uses the gain clamped to [0, 1], the backward passes the gradient to the unclamped gain
-    (straight-through), so it is never stuck at 0.
+    The gain is the weight folded into [0, 1], a triangle wave of period 2 (`|w|` on [-1, 1]), so every value of the
+    weight acts on the output with slope +-1: no optimizer hook keeps it in range and it never drifts where it does
+    nothing. A weight of 0 switches the PaTH component off exactly (`path_init="identity"`) and still gets the
+    gradient of a gain (slope +1 there), so training switches it on. A module of its own, so that `bt_proj` and
+    `g_proj` stay the plain `nn.Linear`s they look like (as in FLA) and PEFT can list it in `modules_to_save`.
     """
 
-    def __init__(self, in_features: int, out_features: int):
-        super().__init__(in_features, out_features, bias=True)
-        self.gain = nn.Parameter(torch.ones(out_features))
+    def __init__(self, num_heads: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(num_heads))
 
-    def clamped_gain(self) -> torch.Tensor:
-        gain = self.gain.float()
-        return gain + (gain.clamp(0, 1) - gain).detach()
-
-
-class PaTHBetaProjection(PaTHGainLinear):
-    """`bt_proj`: Householder strengths `beta = beta_max * sigmoid(x W^T + b) * gain`, `[..., hidden]` -> `[..., H]`
-    in float32. beta in (0, 2) allows negative eigenvalues (1 - beta) of `H_t`."""
-
-    def __init__(self, in_features: int, out_features: int, beta_max: float):
-        super().__init__(in_features, out_features)
-        self.beta_max = beta_max
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.beta_max * torch.sigmoid(super().forward(hidden_states).float()) * self.clamped_gain()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        phase = torch.remainder(self.weight.float(), 2)
+        return x * torch.where(phase <= 1, phase, 2 - phase)
 
 
-class PaTHForgetGateProjection(PaTHGainLinear):
-    """`g_proj` (PaTH-FoX): log forget gates `g = log sigmoid(x W^T + b) * gain <= 0`, `[..., hidden]` -> `[..., HQ]`
-    in float32."""
+class PaTHGainInProjection(ConversionOps):
+    """Reads a gain stored inside its projection (`bt_proj.gain`, `g_proj.gain`: checkpoints written before the gains
+    had modules of their own) as the gain module's weight. Those gains acted clamped to [0, 1]: they load clamped."""
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return F.logsigmoid(super().forward(hidden_states).float()) * self.clamped_gain()
+    @torch.no_grad()
+    def convert(self, input_dict, source_patterns, target_patterns, **kwargs) -> dict[str, torch.Tensor]:
+        (tensors,) = input_dict.values()
+        gain = tensors[0] if isinstance(tensors, list) else tensors
+        return {target_patterns[0]: gain.clamp(0, 1)}
+
+
+class PaTHLoadOnlyConverter(WeightConverter):
+    """A `WeightConverter` applied when loading only: `save_pretrained` writes the current names, whatever the loaded
+    checkpoint used (its reverse renames a name to itself)."""
+
+    __slots__ = ()
+
+    def reverse_transform(self) -> WeightRenaming:
+        names = self._original_target_patterns
+        reverse = WeightRenaming(list(names), list(names))
+        reverse.scope_prefix, reverse.base_model_prefix = self.scope_prefix, self.base_model_prefix
+        return reverse
+
+
+# Checkpoints of the earlier layout (`bt_proj.gain`, `g_proj.gain`) keep loading, also as remote code.
+register_checkpoint_conversion_mapping(
+    PaTHLlamaConfig.model_type,
+    [
+        PaTHLoadOnlyConverter(rf"self_attn\.{proj}\.gain", f"self_attn.{gain}.weight", [PaTHGainInProjection()])
+        for proj, gain in (("bt_proj", "bt_gain"), ("g_proj", "g_gain"))
+    ],
+    overwrite=True,
+)
 
 
 class PaTHShortConvolution(nn.Conv1d):
@@ -120,28 +140,29 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
 
 
+# The modules a PaTH layer adds to the source attention (FLA's names, and the gains), in registration order.
+PATH_MODULES = ("w_proj", "w_conv1d", "bt_proj", "bt_gain", "g_proj", "g_gain")
+
+
 def init_path_parameters(module: nn.Module, config: PaTHLlamaConfig) -> None:
-    """Initialise the PaTH parameters (`w_proj`, `w_conv1d`, `bt_proj`, `g_proj`) of one `PaTHLlamaAttention`.
+    """Initialise the PaTH parameters (`PATH_MODULES`) of one `PaTHLlamaAttention`.
 
-    The single source of truth for how they start (`config.path_init`), used by `_init_weights` and by the
-    checkpoint converter. Parameters already loaded by `from_pretrained` are left as they are.
+    The single source of truth for how they start (`config.path_init`), used by `from_pretrained`, `post_init` and the
+    checkpoint converter: FLA's init (weights N(0, initializer_range), biases 0), the forget gate's bias
+    `path_forget_gate_bias`, and the gains 0 (`"identity"`) or 1. Parameters already loaded by `from_pretrained` are
+    left as they are.
     """
-    for name in ("w_proj", "w_conv1d", "bt_proj", "g_proj"):
-        if getattr(module, name, None) is not None:
-            for submodule in getattr(module, name).modules():
-                _init_path_module(submodule, config)
-
-
-def _init_path_module(module: nn.Module, config: PaTHLlamaConfig) -> None:
-    """Initialise the parameters one PaTH submodule owns directly (FLA's init; gains per `path_init`)."""
-    if isinstance(module, (nn.Linear, nn.Conv1d)):
-        init.normal_(module.weight, mean=0.0, std=config.initializer_range)
-        if isinstance(module, PaTHForgetGateProjection):
-            init.constant_(module.bias, config.path_forget_gate_bias)
-        elif module.bias is not None:
-            init.zeros_(module.bias)
-    if isinstance(module, PaTHGainLinear):
-        init.constant_(module.gain, 0.0 if config.path_init == "identity" else 1.0)
+    for name in PATH_MODULES:
+        child = getattr(module, name, None)
+        for submodule in child.modules() if child is not None else ():
+            if isinstance(submodule, (nn.Linear, nn.Conv1d)):
+                init.normal_(submodule.weight, mean=0.0, std=config.initializer_range)
+                if submodule.bias is not None:
+                    init.zeros_(submodule.bias)
+            elif isinstance(submodule, PaTHGain):
+                init.constant_(submodule.weight, 0.0 if config.path_init == "identity" else 1.0)
+    if getattr(module, "g_proj", None) is not None:
+        init.constant_(module.g_proj.bias, config.path_forget_gate_bias)
 
 
 class PaTHLlamaRoPEAttention(LlamaAttention):
@@ -247,7 +268,9 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
     query and key in every logit, and RoPE only with `rope_mode="keep"`.
 
     New parameters (FLA's names): `w_proj` (full rank, or low rank with `path_w_rank`), `w_conv1d` (short
-    convolution, `path_conv_size > 0`), `bt_proj` (beta) and, with `path_forget_gate`, `g_proj`.
+    convolution, `path_conv_size > 0`), `bt_proj` (beta) and, with `path_forget_gate`, `g_proj`; all plain modules, the
+    nonlinearities applied here as in FLA. Beside them, `bt_gain` and `g_gain` (`PaTHGain`) scale beta and g, so that
+    `path_init="identity"` can start at exactly beta = 0 and g = 0.
     """
 
     # Whether its decoder layer is gradient checkpointed (set with the layer's, by `activation_checkpointing_enable`).
@@ -267,12 +290,13 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
                 nn.Linear(config.path_w_rank, kv_dim, bias=False),
             )
         self.w_conv1d = PaTHShortConvolution(kv_dim, config.path_conv_size) if config.path_conv_size > 0 else None
-        self.bt_proj = PaTHBetaProjection(config.hidden_size, config.num_key_value_heads, config.path_beta_max)
-        self.g_proj = (
-            PaTHForgetGateProjection(config.hidden_size, config.num_attention_heads)
-            if config.path_forget_gate
-            else None
-        )
+        self.bt_proj = nn.Linear(config.hidden_size, config.num_key_value_heads, bias=True)
+        self.bt_gain = PaTHGain(config.num_key_value_heads)
+        if config.path_forget_gate:
+            self.g_proj = nn.Linear(config.hidden_size, config.num_attention_heads, bias=True)
+            self.g_gain = PaTHGain(config.num_attention_heads)
+        else:
+            self.g_proj = self.g_gain = None
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
@@ -311,8 +335,9 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
         rope = position_embeddings if self.config.rope_mode == "keep" else None
         q, k, v = self.project_qkv(hidden_states, rope)
         w = self.w_proj(hidden_states)
-        beta = self.bt_proj(hidden_states)
-        g = self.g_proj(hidden_states) if self.g_proj is not None else None
+        # beta in [0, path_beta_max) (float32): beta > 1 gives H_t a negative eigenvalue
+        beta = self.bt_gain(self.config.path_beta_max * self.bt_proj(hidden_states).float().sigmoid())
+        g = self.g_gain(F.logsigmoid(self.g_proj(hidden_states).float())) if self.g_proj is not None else None
         if attention_mask is not None:  # padding transforms nothing, and feeds nothing to the convolution
             new_tokens = attention_mask[:, -seq_len:]
             w, beta = w * new_tokens[..., None], beta * new_tokens[..., None]
@@ -475,12 +500,12 @@ class PaTHLlamaPreTrainedModel(LlamaPreTrainedModel):
             if isinstance(layer, PaTHLlamaDecoderLayer) and isinstance(layer.self_attn, PaTHLlamaAttention):
                 layer.self_attn.gradient_checkpointing = layer.gradient_checkpointing
 
-    def _init_weights(self, module: nn.Module) -> None:
-        # On the modules owning the parameters: from_pretrained skips modules without direct parameters.
-        if isinstance(module, (PaTHGainLinear, PaTHShortConvolution)):
-            _init_path_module(module, self.config)
-        else:
-            super()._init_weights(module)
+    def _initialize_weights(self, module: nn.Module, is_custom_code: bool = False) -> None:
+        # After its submodules' generic init: transformers skips the modules of custom code that own no parameter
+        # directly, as PaTHLlamaAttention, and its forget gate's bias is not a generic Linear's.
+        if isinstance(module, PaTHLlamaAttention) and not getattr(module, "_is_hf_initialized", False):
+            init_path_parameters(module, self.config)
+        super()._initialize_weights(module, is_custom_code)
 
 
 class PaTHLlamaModel(PaTHLlamaPreTrainedModel):
@@ -610,8 +635,7 @@ __all__ = [
     "PaTHLlamaAttention",
     "PaTHLlamaRoPEAttention",
     "PaTHLlamaDecoderLayer",
-    "PaTHBetaProjection",
-    "PaTHForgetGateProjection",
+    "PaTHGain",
     "PaTHShortConvolution",
     "init_path_parameters",
 ]

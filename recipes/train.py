@@ -67,6 +67,7 @@ from path_hf.evaluation import (
     score_windows,
     tokenize_stream,
 )
+from path_hf.modeling_path_llama import PATH_MODULES
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Models: the student (converted on the fly from a RoPE source if needed) and the teacher
@@ -217,9 +218,6 @@ def shard_teacher(teacher: nn.Module, accelerator: Accelerator) -> nn.Module:
     return fully_shard(teacher, offload_policy=plugin.cpu_offload)
 
 
-PATH_MODULES = ("w_proj", "w_conv1d", "bt_proj", "g_proj")
-
-
 def path_attention_layers(model: nn.Module) -> dict[int, PaTHLlamaAttention]:
     """The PaTH attention modules of `model` (also inside a PEFT or engine wrapper), by layer index."""
     return {m.layer_idx: m for m in model.modules() if isinstance(m, PaTHLlamaAttention)}
@@ -232,7 +230,7 @@ def select_trainable(model: PaTHLlamaForCausalLM, training: TrainingArguments) -
     if training.trainable == "lora":
         targets = training.lora_target_modules
         if targets == "all-linear":
-            # bt_proj / g_proj are nn.Linear subclasses whose output is beta / g, not a linear map: never LoRA them.
+            # The PaTH modules are trained fully (modules_to_save), never LoRA-wrapped too.
             targets = sorted(
                 {
                     name.rsplit(".", 1)[-1]

@@ -67,12 +67,12 @@ def greedy_answers(model_path: str, max_new_tokens: int) -> list[str]:
 
 @torch.no_grad()
 def path_parameters(model_path: str, tokens: list[int]) -> dict:
-    """Mean beta (`bt_proj`'s output) and mean log forget gate per token (`g_proj`'s) of each layer, on `tokens`."""
+    """Mean beta (`bt_gain`'s output) and mean log forget gate per token (`g_gain`'s) of each layer, on `tokens`."""
     model = load_causal_lm(model_path, torch.float32).eval()
     outputs: dict[str, dict[int, float]] = {"beta": {}, "log_gate": {}}
     hooks = []
     for idx, layer in enumerate(model.get_decoder().layers):
-        for name, key in (("bt_proj", "beta"), ("g_proj", "log_gate")):
+        for name, key in (("bt_gain", "beta"), ("g_gain", "log_gate")):
             if (module := getattr(layer.self_attn, name, None)) is not None:
 
                 def record(module, args, out, idx=idx, key=key):

@@ -50,19 +50,17 @@ CASES = {
         ["--conv-size", "0", "--dtype", "bfloat16", "--verify"],
     ),
 }
-NEW_MODULES = ("w_proj", "w_conv1d", "bt_proj", "g_proj")  # FLA's names, in the attention's registration order
+# FLA's names and the gains, in the attention's registration order
+NEW_MODULES = ("w_proj", "w_conv1d", "bt_proj", "bt_gain", "g_proj", "g_gain")
 
 
 def model_init(config: PaTHLlamaConfig, layer_idx: int, seed: int) -> dict[str, torch.Tensor]:
-    """The new parameters of one PaTH layer as the model's own `_init_weights` makes them after seeding."""
+    """The new parameters of one PaTH layer as the model's own weight init makes them after seeding."""
     with torch.device("meta"):
-        model = PaTHLlamaForCausalLM(config)  # only for its bound `_init_weights`
+        model = PaTHLlamaForCausalLM(config)  # only for its bound `_initialize_weights`
     attention = path_hf.PaTHLlamaAttention(config, layer_idx)
     torch.manual_seed(layer_seed(seed, layer_idx))
-    for name in NEW_MODULES:
-        if getattr(attention, name, None) is not None:
-            for module in getattr(attention, name).modules():
-                model._init_weights(module)
+    model._initialize_weights(attention)
     prefix = f"model.layers.{layer_idx}.self_attn."
     return {
         prefix + name: param.detach()
@@ -75,8 +73,8 @@ def identity_logits(model: PaTHLlamaForCausalLM, input_ids: torch.Tensor) -> tor
     """Logits with RoPE kept and every Householder transform (and forget gate) at the identity."""
     model.config.rope_mode = "keep"
     for module in model.modules():
-        if isinstance(module, (path_hf.modeling_path_llama.PaTHGainLinear)):
-            module.gain.data.zero_()
+        if isinstance(module, path_hf.modeling_path_llama.PaTHGain):
+            module.weight.data.zero_()
     with torch.no_grad():
         return model(input_ids).logits
 
@@ -169,7 +167,7 @@ def test_dry_run_writes_nothing(tmp_path, capsys):
     assert code == 0
     assert "architecture: LlamaForCausalLM, 3 layers" in out
     assert "PaTH layers:  1-2 (2 of 3)" in out
-    # 2 layers x (w_proj, w_conv1d, bt_proj weight/bias/gain); kv_dim 32, hidden 64, conv 3, 2 kv heads
+    # 2 layers x (w_proj, w_conv1d, bt_proj weight/bias, bt_gain); kv_dim 32, hidden 64, conv 3, 2 kv heads
     assert f"add:          10 tensors, {2 * (32 * 64 + 32 * 3 + 2 * 64 + 2 + 2):,} parameters" in out
     assert not output.exists() and list(tmp_path.iterdir()) == [source]
 

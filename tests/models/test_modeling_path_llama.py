@@ -1,10 +1,13 @@
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
+from peft import LoraConfig, get_peft_model
+from safetensors.torch import load_file, save_file
 from tiny_models import SOURCES, path_config_from, random_tokens, tiny_config, tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModel, AutoModelForCausalLM, DataCollatorWithFlattening
@@ -12,12 +15,13 @@ from transformers.models.llama.modeling_llama import LlamaAttention, apply_rotar
 
 from path_hf import (
     PaTHLlamaAttention,
+    PaTHLlamaConfig,
     PaTHLlamaForCausalLM,
     PaTHLlamaModel,
     PaTHLlamaRoPEAttention,
     init_path_parameters,
 )
-from path_hf.modeling_path_llama import PaTHBetaProjection
+from path_hf.modeling_path_llama import PATH_MODULES, PaTHGain
 from path_hf.ops import naive_path_attention
 
 
@@ -38,7 +42,7 @@ def test_identity_init_keeps_the_source_logits(source, forget_gate, tmp_path):
     )
     model, info = PaTHLlamaForCausalLM.from_pretrained(tmp_path, config=config, output_loading_info=True)
     assert info["unexpected_keys"] == set() and not info["mismatched_keys"]
-    assert all(".w_" in key or ".bt_proj." in key or ".g_proj." in key for key in info["missing_keys"])
+    assert all(any(f".{name}." in key for name in PATH_MODULES) for key in info["missing_keys"])
 
     ids = random_tokens(2, 11)
     expected = source_model(ids).logits
@@ -57,7 +61,7 @@ def test_from_pretrained_initialises_the_new_parameters(tmp_path):
         model = PaTHLlamaForCausalLM.from_pretrained(tmp_path, config=config)
         for layer in model.model.layers:
             attn = layer.self_attn
-            assert torch.all(attn.bt_proj.gain == gain) and torch.all(attn.g_proj.gain == gain)
+            assert torch.all(attn.bt_gain.weight == gain) and torch.all(attn.g_gain.weight == gain)
             assert torch.all(attn.bt_proj.bias == 0) and torch.all(attn.g_proj.bias == gate_bias)
             for weight in (attn.w_proj[0].weight, attn.w_proj[1].weight, attn.w_conv1d.weight, attn.bt_proj.weight):
                 assert weight.isfinite().all() and 0.5 * 0.02 < weight.std() < 2 * 0.02
@@ -78,10 +82,10 @@ def test_init_path_parameters_on_a_fresh_layer(path_init):
             param.fill_(float("nan"))
     init_path_parameters(attn, config)
     gain = 0.0 if path_init == "identity" else 1.0
-    assert torch.all(attn.bt_proj.gain == gain) and torch.all(attn.g_proj.gain == gain)
+    assert torch.all(attn.bt_gain.weight == gain) and torch.all(attn.g_gain.weight == gain)
     assert torch.all(attn.bt_proj.bias == 0) and torch.all(attn.g_proj.bias == 0)
     for name, param in path_params.items():
-        if name.endswith("weight"):
+        if name.endswith("weight") and "_gain." not in name:
             assert 0.5 * 0.02 < param.std() < 2 * 0.02, name
     for name, param in attn.named_parameters():
         if name in source_params:
@@ -95,7 +99,7 @@ def test_identity_init_learns_from_the_first_step():
     ids = random_tokens(2, 16)
     before = model(ids).logits.detach()
     model(ids, labels=ids).loss.backward()
-    gains = [p for n, p in model.named_parameters() if n.endswith(".gain")]
+    gains = [p for n, p in model.named_parameters() if n.endswith("_gain.weight")]
     assert len(gains) == 2 * config.num_hidden_layers
     assert all(p.grad.abs().min() > 0 for p in gains)
 
@@ -104,16 +108,99 @@ def test_identity_init_learns_from_the_first_step():
     assert not torch.allclose(model(ids).logits, before, rtol=0, atol=1e-4)
 
 
-def test_gain_is_clamped_forward_and_straight_through_backward():
-    proj = PaTHBetaProjection(8, 3, beta_max=1.5)
-    x = torch.randn(5, 8)
-    full = 1.5 * torch.sigmoid(F.linear(x, proj.weight, proj.bias))
+def test_gain_folds_its_weight_into_0_1():
+    gain = PaTHGain(7)
+    x = torch.rand(5, 7)
     with torch.no_grad():
-        proj.gain.copy_(torch.tensor([-0.5, 0.25, 1.5]))
-    beta = proj(x)
-    torch.testing.assert_close(beta, full * torch.tensor([0.0, 0.25, 1.0]))
-    beta.sum().backward()
-    torch.testing.assert_close(proj.gain.grad, full.detach().sum(0))
+        gain.weight.copy_(torch.tensor([0.0, 0.25, 1.0, -0.3, 1.5, 2.6, -1.2]))
+    out = gain(x)
+    torch.testing.assert_close(out, x * torch.tensor([0.0, 0.25, 1.0, 0.3, 0.5, 0.6, 0.8]))
+    out.sum().backward()
+    torch.testing.assert_close(gain.weight.grad, x.sum(0) * torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, 1.0, 1.0]))
+
+
+def test_training_from_the_identity_keeps_every_gain_acting():
+    """Trained from the identity, beta moves off 0 in every head, and every gain still acts on the output: moving
+    its weight either way changes the logits (a gain clamped to [0, 1] would sit dead outside it)."""
+    torch.manual_seed(0)
+    model = PaTHLlamaForCausalLM(tiny_config(rope_mode="keep", path_init="identity", initializer_range=0.02))
+    ids = random_tokens(2, 16)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(6):
+        optimizer.zero_grad()
+        model(ids, labels=ids).loss.backward()
+        optimizer.step()
+
+    betas = []
+    hooks = [
+        layer.self_attn.bt_gain.register_forward_hook(lambda module, args, beta: betas.append(beta))
+        for layer in model.model.layers
+    ]
+    with torch.no_grad():
+        logits = model(ids).logits
+    for hook in hooks:
+        hook.remove()
+    assert all((beta.abs().amin(dim=(0, 1)) > 0).all() for beta in betas)
+
+    gains = [module.weight for module in model.modules() if isinstance(module, PaTHGain)]
+    assert len(gains) == 2 * model.config.num_hidden_layers
+    with torch.no_grad():
+        for weight in gains:
+            for head in range(weight.numel()):
+                for step in (-0.01, 0.01):
+                    weight[head] += step
+                    moved = (model(ids).logits - logits).abs().max()
+                    weight[head] -= step
+                    assert moved > 1e-6, (weight, head, step)
+
+
+def test_all_linear_lora_merges_into_the_same_model():
+    """A user's own LoRA on every Linear, PaTH's bt_proj and g_proj included, gives the same logits merged."""
+    model = tiny_model()
+    ids = random_tokens(2, 10)
+    with torch.no_grad():
+        base = model(ids).logits
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    wrapped = {name.rsplit(".", 1)[-1] for name, module in peft_model.named_modules() if hasattr(module, "lora_A")}
+    assert {"w_proj", "bt_proj", "g_proj", "q_proj"} <= wrapped
+    with torch.no_grad():
+        expected = peft_model(ids).logits
+        assert max_rel_err(expected, base) > 1e-2  # the adapters act
+        merged = peft_model.merge_and_unload()
+        assert not any("lora" in name for name, _ in merged.named_parameters())
+        assert max_rel_err(merged(ids).logits, expected) < 1e-5
+
+
+def move_gains_into_the_projections(directory) -> None:
+    """Rewrite a saved model in the layout of path-hf before the gains had modules of their own: `bt_gain.weight`
+    and `g_gain.weight` stored as `bt_proj.gain` and `g_proj.gain`."""
+    file = directory / "model.safetensors"
+    tensors = load_file(file)
+    tensors = {re.sub(r"\.(bt|g)_gain\.weight$", r".\1_proj.gain", name): t for name, t in tensors.items()}
+    assert any(name.endswith("bt_proj.gain") for name in tensors)
+    save_file(tensors, file, metadata={"format": "pt"})
+
+
+def test_checkpoint_with_the_gains_in_the_projections_loads(tmp_path):
+    """Such a checkpoint (its gains acted clamped to [0, 1]) loads with the same logits, and saves in today's layout."""
+    model = tiny_model()
+    with torch.no_grad():
+        model.model.layers[0].self_attn.bt_gain.weight.copy_(torch.tensor([0.3, 1.0]))
+        model.model.layers[1].self_attn.g_gain.weight.copy_(torch.tensor([0.0, 0.5, 0.9, 1.0]))
+    model.save_pretrained(tmp_path / "old")
+    move_gains_into_the_projections(tmp_path / "old")
+    tensors = load_file(tmp_path / "old" / "model.safetensors")
+    # values outside [0, 1] acted as 0 or 1
+    tensors["model.layers.0.self_attn.bt_proj.gain"] = torch.tensor([0.3, 1.7])
+    tensors["model.layers.1.self_attn.g_proj.gain"] = torch.tensor([-0.4, 0.5, 0.9, 2.0])
+    save_file(tensors, tmp_path / "old" / "model.safetensors", metadata={"format": "pt"})
+
+    loaded, info = PaTHLlamaForCausalLM.from_pretrained(tmp_path / "old", output_loading_info=True)
+    assert not any(info.values())
+    ids = random_tokens(2, 10)
+    torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+    loaded.save_pretrained(tmp_path / "resaved")
+    assert load_file(tmp_path / "resaved" / "model.safetensors").keys() == model.state_dict().keys()
 
 
 def reference_path_layer(attn: PaTHLlamaAttention, x: torch.Tensor, cos_sin) -> torch.Tensor:
@@ -360,6 +447,52 @@ def test_auto_classes():
     assert type(AutoModelForCausalLM.from_config(config)) is PaTHLlamaForCausalLM
 
 
+TENSOR_PARALLEL_CHILD = """
+import sys
+
+import torch
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM, DistributedConfig
+
+import path_hf
+
+model_dir = sys.argv[1]
+ids = torch.randint(1, 101, (2, 9), generator=torch.Generator().manual_seed(0))
+reference = AutoModelForCausalLM.from_pretrained(model_dir)
+sharded = AutoModelForCausalLM.from_pretrained(model_dir, distributed_config=DistributedConfig(tp_size=2))
+assert isinstance(sharded.model.layers[1].mlp.up_proj.weight, DTensor)
+assert not any(isinstance(p, DTensor) for p in sharded.model.layers[1].self_attn.parameters())
+outputs = [model(ids, labels=ids) for model in (reference, sharded)]
+for out in outputs:
+    out.loss.backward()
+torch.testing.assert_close(outputs[1].logits, outputs[0].logits)
+for (name, param), sharded_param in zip(reference.named_parameters(), sharded.parameters(), strict=True):
+    grad = sharded_param.grad.full_tensor() if isinstance(sharded_param.grad, DTensor) else sharded_param.grad
+    torch.testing.assert_close(grad, param.grad, msg=name)
+with torch.no_grad():
+    expected = reference.generate(ids, max_new_tokens=4, do_sample=False)
+    torch.testing.assert_close(sharded.generate(ids, max_new_tokens=4, do_sample=False), expected, rtol=0, atol=0)
+"""
+
+
+def test_tensor_parallel_plan(tmp_path):
+    """`from_pretrained(distributed_config=DistributedConfig(tp_size=2))` on two CPU processes (gloo) shards the MLPs
+    and keeps each attention layer whole: logits, gradients and greedy generation equal the unsharded model's."""
+    assert not any("self_attn" in name for name in PaTHLlamaConfig.base_model_tp_plan)
+    tiny_model(path_layers=[1]).save_pretrained(tmp_path / "model")
+    (tmp_path / "child.py").write_text(TENSOR_PARALLEL_CHILD)
+    child = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        + [str(tmp_path / "child.py"), str(tmp_path / "model")],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-3000:]
+
+
 def test_save_load_round_trip(tmp_path):
     model = tiny_model(path_layers=[0], path_w_rank=4, qk_norm=True)
     model.save_pretrained(tmp_path)
@@ -386,9 +519,12 @@ torch.save({"logits": model(**inputs).logits, "sequences": out.sequences, "step_
 """
 
 
-def test_trust_remote_code_load_without_path_hf(tmp_path):
+@pytest.mark.parametrize("layout", ["current", "gains-in-projections"])
+def test_trust_remote_code_load_without_path_hf(layout, tmp_path):
     model = tiny_model(path_layers=[1], path_w_rank=4, qk_norm=True)
     model.save_pretrained(tmp_path / "model")
+    if layout == "gains-in-projections":
+        move_gains_into_the_projections(tmp_path / "model")
     assert {"modeling_path_llama.py", "configuration_path_llama.py", "cache_path_llama.py", "ops.py"} <= {
         p.name for p in (tmp_path / "model").iterdir()
     }

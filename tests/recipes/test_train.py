@@ -24,7 +24,7 @@ def weights(directory) -> dict[str, torch.Tensor]:
 def changed(before: dict, after: dict) -> set[str]:
     """The parameter kinds (names without the layer index) that training moved."""
     return {
-        name.split(".")[-2] if name.endswith(("weight", "bias", "gain")) else name
+        name.split(".")[-2] if name.endswith(("weight", "bias")) else name
         for name in before
         if not torch.equal(before[name], after[name])
     }
@@ -45,7 +45,7 @@ def test_all_stages_train_only_the_path_parameters_and_track_recovery(tiny_sourc
     assert {"train/align_loss", "train/distill_loss", "train/lm_loss"} <= set(losses)
     steps = [entry["step"] for entry in log if "train/lr" in entry]
     assert steps == list(range(1, 7))  # 128 tokens / 64 per step = 2 steps per stage
-    assert changed(weights(out / "converted"), weights(out / "final")) == {"w_proj", "w_conv1d", "bt_proj"}
+    assert changed(weights(out / "converted"), weights(out / "final")) == {"w_proj", "w_conv1d", "bt_proj", "bt_gain"}
 
     recovery = json.loads((out / "recovery.json").read_text())
     assert set(recovery["source_ppl"]) == {"1x", "2x"}
@@ -62,7 +62,7 @@ def test_all_stages_train_only_the_path_parameters_and_track_recovery(tiny_sourc
 @pytest.mark.parametrize(
     "trainable, stage, moved",
     [
-        ("attention", "distill", {"w_proj", "w_conv1d", "bt_proj", "q_proj", "k_proj", "v_proj", "o_proj"}),
+        ("attention", "distill", {"w_proj", "w_conv1d", "bt_proj", "bt_gain", "q_proj", "k_proj", "v_proj", "o_proj"}),
         (
             "full",
             "lm",
@@ -70,6 +70,7 @@ def test_all_stages_train_only_the_path_parameters_and_track_recovery(tiny_sourc
                 "w_proj",
                 "w_conv1d",
                 "bt_proj",
+                "bt_gain",
                 "q_proj",
                 "k_proj",
                 "v_proj",
@@ -201,7 +202,7 @@ def test_alignment_loss_is_zero_for_an_exact_conversion(tmp_path, rope, exact, i
         if loss.requires_grad:
             loss.backward()
     assert (loss.item() < 1e-10) if exact else (loss.item() > 1e-3)
-    assert student.model.layers[2].self_attn.bt_proj.gain.grad is not None
+    assert student.model.layers[2].self_attn.bt_gain.weight.grad is not None
 
 
 def test_isolated_alignment_equals_the_whole_student_run(tmp_path):
@@ -360,7 +361,7 @@ def test_lora_all_linear_never_wraps_the_path_projections(tiny_source, tmp_path)
         for n, _ in peft_model.named_parameters()
         if ".modules_to_save." in n
     }
-    assert trained_fully == {"w_proj", "w_conv1d", "bt_proj", "g_proj"}
+    assert trained_fully == {"w_proj", "w_conv1d", "bt_proj", "bt_gain", "g_proj", "g_gain"}
     with pytest.raises(train.RecipeError, match="lora_target_modules"):
         train.select_trainable(
             model, train.TrainingArguments(output_dir=".", trainable="lora", lora_target_modules=["bt_proj"])
