@@ -443,7 +443,7 @@ class PaTHLlamaDecoderLayer(LlamaDecoderLayer):
 class PaTHLlamaPreTrainedModel(LlamaPreTrainedModel):
     config: PaTHLlamaConfig
     _no_split_modules = ["PaTHLlamaDecoderLayer"]
-    # PaTH layers branch on the data (padding, packing, cache state).
+    # A PaTH prefill branches on the data (padding, packing); the decode step with a static cache is one graph.
     _can_compile_fullgraph = False
     _can_record_outputs = {
         "hidden_states": PaTHLlamaDecoderLayer,
