@@ -1,12 +1,16 @@
-"""CPU benchmark: greedy decoding with the cache, tiny PaTHLlamaForCausalLM against LlamaForCausalLM of the same sizes.
+"""CPU benchmark: greedy decoding with the cache, PaTHLlamaForCausalLM against LlamaForCausalLM of the same sizes.
 
     python bench/decode_cpu.py                          # hidden 256, 4 layers, 4 heads, vocab 1024, P=512, N=128
+    python bench/decode_cpu.py --hidden 576 --intermediate 1536 --layers 30 --heads 9 --kv-heads 3 \
+        --vocab 49152 --forget-gate                     # SmolLM2-135M's sizes
 
 Both models are randomly initialised from one LlamaConfig (PaTH adds its own fields on top) and run
-`generate(do_sample=False)` with no EOS, so every run makes exactly N new tokens. Decode tokens/s counts the
-N - 1 tokens after the first: (N - 1) / (time of generate(N) - time of generate(1)), so prompt prefill drops
-out. Medians of --reps runs after one warm-up, in one process, the models' repetitions alternating. Prints a
-Markdown table, writes JSON to bench/out/.
+`generate(do_sample=False)` with no EOS, so every run makes exactly N new tokens. Each model runs with the default
+dynamic cache, with `cache_implementation="static"`, and with the static cache and its decode step compiled
+(`torch.compile` through generate's `compile_config`; the first call, a warm-up, compiles). Decode tokens/s counts
+the N - 1 tokens after the first: (N - 1) / (time of generate(N) - time of generate(1)), so prompt prefill drops
+out. Medians of --reps runs after one warm-up, in one process, the rows' repetitions alternating; ratios are to
+Llama with the dynamic cache (what `generate` does by default). Prints a Markdown table, writes JSON to bench/out/.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
 
@@ -31,10 +35,10 @@ THREADS_HELP = "torch.set_num_threads; default 1, because 2 threads on a busy 2-
 def build_models(args: argparse.Namespace) -> dict[str, PreTrainedModel]:
     sizes = {
         "hidden_size": args.hidden,
-        "intermediate_size": 4 * args.hidden,
+        "intermediate_size": args.intermediate or 4 * args.hidden,
         "num_hidden_layers": args.layers,
         "num_attention_heads": args.heads,
-        "num_key_value_heads": args.heads,
+        "num_key_value_heads": args.kv_heads or args.heads,
         "vocab_size": args.vocab,
         "max_position_embeddings": args.prompt_len + args.new_tokens,
         "eos_token_id": None,
@@ -42,35 +46,51 @@ def build_models(args: argparse.Namespace) -> dict[str, PreTrainedModel]:
     }
     torch.manual_seed(0)
     llama = LlamaForCausalLM(LlamaConfig(**sizes, attn_implementation="sdpa"))
-    path_config = PaTHLlamaConfig(**sizes, rope_mode=args.rope_mode, path_backend="torch")
+    path_config = PaTHLlamaConfig(
+        **sizes, rope_mode=args.rope_mode, path_forget_gate=args.forget_gate, path_backend="torch"
+    )
     path = PaTHLlamaForCausalLM(path_config)
-    return {"llama (sdpa)": llama.eval(), f"path-llama (rope_mode={args.rope_mode})": path.eval()}
+    path_name = f"path-llama (rope_mode={args.rope_mode}{', forget gate' if args.forget_gate else ''})"
+    return {"llama (sdpa)": llama.eval(), path_name: path.eval()}
 
 
-def generate_seconds(model: PreTrainedModel, prompt: torch.Tensor, new_tokens: int) -> float:
+def cache_modes() -> dict[str, dict]:
+    """generate() kwargs of each way to run the cache."""
+    compile_config = CompileConfig()
+    compile_config._compile_all_devices = True  # generate compiles only on accelerators unless told
+    return {
+        "dynamic": {},
+        "static": {"cache_implementation": "static"},
+        "static + compiled": {"cache_implementation": "static", "compile_config": compile_config},
+    }
+
+
+def generate_seconds(model: PreTrainedModel, prompt: torch.Tensor, new_tokens: int, kwargs: dict) -> float:
     start = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **kwargs)
     elapsed = time.perf_counter() - start
     assert out.shape[1] == prompt.shape[1] + new_tokens, out.shape
     return elapsed
 
 
-def measure(models: dict[str, PreTrainedModel], prompt: torch.Tensor, new_tokens: int, reps: int) -> dict[str, dict]:
-    """Repetitions alternate between the models, so background load hits them alike."""
-    for model in models.values():
-        generate_seconds(model, prompt, new_tokens)  # warm-up
-    full: dict[str, list[float]] = {name: [] for name in models}
-    first: dict[str, list[float]] = {name: [] for name in models}
+def measure(
+    runs: dict[str, tuple[PreTrainedModel, dict]], prompt: torch.Tensor, new_tokens: int, reps: int
+) -> dict[str, dict]:
+    """Repetitions alternate between the runs (model, generate kwargs), so background load hits them alike."""
+    warmup = {name: generate_seconds(model, prompt, new_tokens, kwargs) for name, (model, kwargs) in runs.items()}
+    full: dict[str, list[float]] = {name: [] for name in runs}
+    first: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(reps):
-        for name, model in models.items():
-            full[name].append(generate_seconds(model, prompt, new_tokens))
-            first[name].append(generate_seconds(model, prompt, 1))
+        for name, (model, kwargs) in runs.items():
+            full[name].append(generate_seconds(model, prompt, new_tokens, kwargs))
+            first[name].append(generate_seconds(model, prompt, 1, kwargs))
     rows = {}
-    for name, model in models.items():
+    for name, (model, _) in runs.items():
         full_s, first_s = statistics.median(full[name]), statistics.median(first[name])
         rows[name] = {
             "params": sum(p.numel() for p in model.parameters()),
+            "warmup_generate_s": warmup[name],
             "generate_s": full_s,
             "prefill_plus_first_token_s": first_s,
             "decode_tokens_per_s": prompt.shape[0] * (new_tokens - 1) / (full_s - first_s),
@@ -86,11 +106,15 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=None, help="default: --heads")
+    parser.add_argument("--intermediate", type=int, default=None, help="default: 4 * --hidden")
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--rope-mode", choices=["drop", "keep"], default="drop")
+    parser.add_argument("--forget-gate", action="store_true", help="PaTH-FoX (path_forget_gate=True)")
+    parser.add_argument("--modes", nargs="+", choices=list(cache_modes()), default=list(cache_modes()))
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "decode_cpu.json")
@@ -98,21 +122,27 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     models = build_models(args)
+    modes = cache_modes()
+    runs = {f"{name}, {mode}": (model, modes[mode]) for name, model in models.items() for mode in args.modes}
     prompt = torch.randint(1, args.vocab, (args.batch, args.prompt_len), generator=torch.Generator().manual_seed(0))
     print(f"# Greedy decode on CPU, torch {torch.__version__}, torch.set_num_threads({args.threads}), fp32;")
-    print(f"# hidden {args.hidden}, {args.layers} layers, {args.heads} heads, vocab {args.vocab}, batch {args.batch},")
+    print(
+        f"# hidden {args.hidden}, intermediate {models['llama (sdpa)'].config.intermediate_size}, {args.layers} layers,"
+        f" {args.heads} heads ({models['llama (sdpa)'].config.num_key_value_heads} KV), vocab {args.vocab},"
+        f" batch {args.batch},"
+    )
     print(f"# prompt {args.prompt_len}, {args.new_tokens} new tokens; median of {args.reps} after one warm-up.")
     loadavg_start = os.getloadavg()
     print(f"# Load average at start: {loadavg_start}")
-    rows = measure(models, prompt, args.new_tokens, args.reps)
+    rows = measure(runs, prompt, args.new_tokens, args.reps)
     base = rows[next(iter(rows))]
-    print("\n| model | params | decode tok/s | vs Llama | generate(N) s | prefill + 1st token s |")
-    print("|---|---|---|---|---|---|")
+    print("\n| model, cache | params | decode tok/s | vs Llama | generate(N) s | prefill + 1st token s | warm-up s |")
+    print("|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         ratio = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
         print(
             f"| {name} | {r['params'] / 1e6:.2f}M | {r['decode_tokens_per_s']:.1f} | {ratio:.2f}x |"
-            f" {r['generate_s']:.2f} | {r['prefill_plus_first_token_s']:.3f} |"
+            f" {r['generate_s']:.2f} | {r['prefill_plus_first_token_s']:.3f} | {r['warmup_generate_s']:.1f} |"
         )
     loadavg_end = os.getloadavg()
     print(f"# Load average at end: {loadavg_end}")

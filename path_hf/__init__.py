@@ -8,7 +8,7 @@ weights: a saved model then loads with `trust_remote_code=True` where path_hf is
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from .cache_path_llama import PaTHCacheLayer
+from .cache_path_llama import PaTHCacheLayer, PaTHStaticCacheLayer
 from .configuration_path_llama import PaTHLlamaConfig
 from .modeling_path_llama import (
     PaTHLlamaAttention,
@@ -36,5 +36,6 @@ __all__ = [
     "PaTHLlamaModel",
     "PaTHLlamaPreTrainedModel",
     "PaTHLlamaRoPEAttention",
+    "PaTHStaticCacheLayer",
     "init_path_parameters",
 ]

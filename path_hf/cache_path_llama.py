@@ -1,14 +1,24 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
-"""Cache layer of a PaTH attention layer.
+"""Cache layers of a PaTH attention layer.
 
-Importing this module registers `PaTHCacheLayer` for the layer type `"path_attention"`, so `DynamicCache(config)`
-(which is what `generate` builds) gives every PaTH layer of a `PaTHLlamaConfig` one of these.
+Importing this module registers them for the layer type `"path_attention"`: `DynamicCache(config)` (what `generate`
+builds by default) gives every PaTH layer of a `PaTHLlamaConfig` a `PaTHCacheLayer`, and `StaticCache(config,
+max_cache_len)` (`generate(cache_implementation="static")`) a `PaTHStaticCacheLayer`.
 """
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, StaticLayer
+from transformers.utils import is_torchdynamo_compiling
 
 from .configuration_path_llama import PATH_LAYER_TYPE
+from .ops import path_decode_update
+
+
+def _refuse_crop(tokens_to_remove: int) -> None:
+    if tokens_to_remove != 0:
+        raise ValueError(
+            "A PaTH cache cannot be cropped: the keys hold the Householder transforms of the tokens to remove."
+        )
 
 
 class PaTHCacheLayer(DynamicLayer):
@@ -34,6 +44,19 @@ class PaTHCacheLayer(DynamicLayer):
         self.conv_state: torch.Tensor | None = None
         self.gate: torch.Tensor | None = None
 
+    def transform_keys(self, w: torch.Tensor, beta: torch.Tensor) -> None:
+        """Apply a new token's Householder transform (`w` `[B, H, D]`, `beta` `[B, H]`) to every cached key."""
+        self.keys = path_decode_update(self.keys, w, beta)
+
+    def replace_keys(self, keys: torch.Tensor) -> None:
+        """Set the transformed keys `[B, H, S, D]` of all S cached tokens (a chunked prefill recomputes them)."""
+        self.keys = keys
+
+    def get_key_mask(self, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """Which cached keys a new token may attend, `[B, S]` bool, from the padding mask `[B, S]` of the tokens seen
+        so far (None: all of them)."""
+        return attention_mask
+
     def update_conv_state(self, inputs: torch.Tensor, state_size: int) -> torch.Tensor | None:
         """Store the last `state_size` convolution inputs after `inputs` `[B, T, C]`; return the previous state."""
         previous = self.conv_state
@@ -56,10 +79,7 @@ class PaTHCacheLayer(DynamicLayer):
         self.conv_state = self.gate = None
 
     def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove != 0:
-            raise ValueError(
-                "A PaTH cache cannot be cropped: the keys hold the Householder transforms of the tokens to remove."
-            )
+        _refuse_crop(tokens_to_remove)
 
     def _map_states(self, fn) -> None:
         if self.conv_state is not None:
@@ -80,4 +100,83 @@ class PaTHCacheLayer(DynamicLayer):
         self._map_states(lambda x: x[indices, ...])
 
 
-__all__ = ["PaTHCacheLayer"]
+class PaTHStaticCacheLayer(StaticLayer):
+    """`PaTHCacheLayer` in buffers of fixed size, updated in place: what `torch.compile` needs for decoding.
+
+    Holds the same states as `PaTHCacheLayer`, in `max_cache_len` slots of which the first `cumulative_length` are
+    used; a new token's transform runs over all slots and the attention masks the unused ones, so a decode step has
+    the same shapes at every length.
+
+    Attributes:
+        keys: `[B, H, max_cache_len, D]` transformed keys (`PaTHCacheLayer.keys`), values `[B, H, max_cache_len, DV]`.
+        conv_state: `[B, K - 1, kv_dim]`, zeros until the first tokens (allocated by the first `update_conv_state`).
+        gate: `[B, HQ, max_cache_len]` float32, `G_e - G_j` over the used slots (allocated by the first
+            `update_gate`).
+    """
+
+    _layer_type = PATH_LAYER_TYPE
+    # The Householder transforms already applied to the keys cannot be undone.
+    is_croppable = False
+
+    def __init__(self, max_cache_len: int, **kwargs):
+        super().__init__(max_cache_len)
+        self.conv_state: torch.Tensor | None = None
+        self.gate: torch.Tensor | None = None
+
+    def _new_buffer(self, *shape: int, like: torch.Tensor) -> torch.Tensor:
+        buffer = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        if not is_torchdynamo_compiling():  # as StaticLayer's keys: a fixed address for compiled graphs
+            torch._dynamo.mark_static_address(buffer)
+        return buffer
+
+    def transform_keys(self, w: torch.Tensor, beta: torch.Tensor) -> None:
+        """Apply a new token's Householder transform (`w` `[B, H, D]`, `beta` `[B, H]`) to every slot, in place."""
+        self.keys.copy_(path_decode_update(self.keys, w, beta))
+
+    def replace_keys(self, keys: torch.Tensor) -> None:
+        """Set the transformed keys `[B, H, S, D]` of the S cached tokens (a chunked prefill recomputes them)."""
+        self.keys[:, :, : keys.shape[2]] = keys
+
+    def get_key_mask(self, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Which slots a new token may attend, `[B or 1, max_cache_len]` bool: the used ones, less padding (the
+        padding mask `[B, S]` of the tokens seen so far, or None)."""
+        mask = (torch.arange(self.max_cache_len, device=self.device) < self.cumulative_length)[None]
+        if attention_mask is not None:
+            mask = mask & torch.nn.functional.pad(attention_mask, (0, self.max_cache_len - attention_mask.shape[1]))
+        return mask
+
+    def update_conv_state(self, inputs: torch.Tensor, state_size: int) -> torch.Tensor:
+        """Store the last `state_size` convolution inputs after `inputs` `[B, T, C]`; return the previous state."""
+        if self.conv_state is None:
+            self.conv_state = self._new_buffer(inputs.shape[0], state_size, inputs.shape[2], like=inputs)
+        history = torch.cat([self.conv_state, inputs], dim=1)
+        self.conv_state.copy_(history[:, history.shape[1] - state_size :])
+        return history[:, :state_size]
+
+    def update_gate(self, g: torch.Tensor) -> torch.Tensor:
+        """Account for the log forget gates `g` `[B, T, HQ]` of the last T tokens `update` stored; return the gate
+        `[B, HQ, max_cache_len]`."""
+        g_cum = g.float().transpose(1, 2).cumsum(-1)
+        total = g_cum[..., -1:]
+        if self.gate is None:
+            self.gate = self._new_buffer(*g_cum.shape[:2], self.max_cache_len, like=g_cum)
+        positions = self.cumulative_length - g.shape[1] + torch.arange(g.shape[1], device=g.device)
+        self.gate.add_(total).index_copy_(-1, positions, total - g_cum)
+        return self.gate
+
+    def reset(self) -> None:
+        super().reset()
+        for state in (self.conv_state, self.gate):
+            if state is not None:
+                state.zero_()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        _refuse_crop(tokens_to_remove)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        for state in (self.keys, self.values, self.conv_state, self.gate):
+            if state is not None:
+                state.copy_(state.index_select(0, beam_idx.to(state.device)))
+
+
+__all__ = ["PaTHCacheLayer", "PaTHStaticCacheLayer"]

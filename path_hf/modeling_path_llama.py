@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache
+from transformers.cache_utils import Cache, DynamicCache, StaticLayer
 from transformers.conversion_mapping import register_checkpoint_conversion_mapping
 from transformers.core_model_loading import ConversionOps, WeightConverter, WeightRenaming
 from transformers.masking_utils import create_causal_mask, find_packed_sequence_indices
@@ -38,9 +38,9 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
-from .cache_path_llama import PaTHCacheLayer
+from .cache_path_llama import PaTHCacheLayer, PaTHStaticCacheLayer
 from .configuration_path_llama import PATH_LAYER_TYPE, PaTHLlamaConfig
-from .ops import path_attention, path_decode_update
+from .ops import path_attention
 
 
 class PaTHGain(nn.Module):
@@ -344,8 +344,12 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
             g = g * new_tokens[..., None] if g is not None else None
 
         cache_layer = self._cache_layer(cache) if cache is not None else None
-        past = cache_layer.get_seq_length() if cache_layer is not None else 0
-        cu_seqlens = cu_seq_lens_q if past == 0 and (attention_mask is None or indices_q is not None) else None
+        # A static cache decodes at any length without reading it: a compiled decode step never syncs with the host.
+        static_decode = seq_len == 1 and isinstance(cache_layer, PaTHStaticCacheLayer)
+        past = 0 if cache_layer is None or static_decode else cache_layer.get_seq_length()
+        cu_seqlens = None
+        if past == 0 and not static_decode and (attention_mask is None or indices_q is not None):
+            cu_seqlens = cu_seq_lens_q
 
         if self.w_conv1d is not None:
             conv_state = seq_pos = None
@@ -356,7 +360,9 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
             w = self.w_conv1d(w, conv_state, seq_pos)
         w = l2_normalize(w.float().view(batch_size, seq_len, self.num_key_value_heads, self.head_dim))
 
-        if past == 0:
+        if static_decode or (past > 0 and seq_len == 1):
+            o = self._decode_step(q, k, v, w, beta, g, attention_mask, cache_layer)
+        elif past == 0:
             o, k_cache = self._path_attention(
                 q, k, v, w, beta, g, attention_mask, cu_seqlens, cache is not None, indices_q
             )
@@ -364,24 +370,26 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
                 cache_layer.update(k_cache.transpose(1, 2), v.transpose(1, 2))
                 if g is not None:
                     cache_layer.update_gate(g)
-        elif seq_len == 1:
-            o = self._decode_step(q, k, v, w, beta, g, attention_mask, cache_layer)
         else:
-            o = self._chunked_prefill(q, k, v, w, beta, g, attention_mask, cache_layer)
+            o = self._chunked_prefill(q, k, v, w, beta, g, attention_mask, cache_layer, past)
         return self.o_proj(o.reshape(batch_size, seq_len, -1)), None
 
-    def _cache_layer(self, cache: Cache) -> PaTHCacheLayer:
-        """This layer's cache; a cache built without the config (`DynamicCache()`) gets a `PaTHCacheLayer` here."""
+    def _cache_layer(self, cache: Cache) -> PaTHCacheLayer | PaTHStaticCacheLayer:
+        """This layer's cache; an empty layer of another class (a cache built without the config, `DynamicCache()`)
+        is replaced here by a `PaTHCacheLayer`, or a `PaTHStaticCacheLayer` if it was static."""
         while len(cache.layers) <= self.layer_idx and cache.layer_class_to_replicate is not None:
             cache.layers.append(cache.layer_class_to_replicate())
         layer = cache.layers[self.layer_idx]
-        if not isinstance(layer, PaTHCacheLayer):
+        if not isinstance(layer, (PaTHCacheLayer, PaTHStaticCacheLayer)):
             if layer.get_seq_length() > 0:
                 raise ValueError(
                     f"Layer {self.layer_idx} is a PaTH layer but its cache is a {type(layer).__name__} that already "
-                    "holds keys: build the cache with `DynamicCache(config=model.config)`."
+                    "holds keys: build the cache from the model's config, `DynamicCache(config=model.config)` or "
+                    "`StaticCache(config=model.config, max_cache_len=...)`."
                 )
-            layer = cache.layers[self.layer_idx] = PaTHCacheLayer()
+            static = isinstance(layer, StaticLayer)
+            layer = PaTHStaticCacheLayer(layer.max_cache_len) if static else PaTHCacheLayer()
+            cache.layers[self.layer_idx] = layer
         return layer
 
     def _path_attention(self, q, k, v, w, beta, g, attention_mask, cu_seqlens, return_k_cache, indices=None):
@@ -416,15 +424,16 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
         )
         return unflatten(o), unflatten(k_cache) if return_k_cache else None
 
-    def _decode_step(self, q, k, v, w, beta, g, attention_mask, cache_layer: PaTHCacheLayer) -> torch.Tensor:
+    def _decode_step(self, q, k, v, w, beta, g, attention_mask, cache_layer) -> torch.Tensor:
         """One new token: its transform updates the cached keys, then it attends to them like to a KV cache."""
-        cache_layer.keys = path_decode_update(cache_layer.keys, w[:, 0], beta[:, 0])
+        cache_layer.transform_keys(w[:, 0], beta[:, 0])
         keys, values = cache_layer.update(k.transpose(1, 2), v.transpose(1, 2))
         bias = None  # [B, HQ or 1, 1, S]
         if g is not None:  # FLA adds the gate before the softmax scale
             bias = (self.scaling * cache_layer.update_gate(g)[:, :, None, :]).to(q.dtype)
-        if attention_mask is not None:
-            padding = ~attention_mask[:, None, None, :]
+        key_mask = cache_layer.get_key_mask(attention_mask)
+        if key_mask is not None:
+            padding = ~key_mask[:, None, None, :]
             bias = q.new_zeros(padding.shape) if bias is None else bias
             bias = bias.masked_fill(padding, torch.finfo(q.dtype).min)
         o = F.scaled_dot_product_attention(
@@ -436,23 +445,22 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
         )
         return o.transpose(1, 2)
 
-    def _chunked_prefill(self, q, k, v, w, beta, g, attention_mask, cache_layer: PaTHCacheLayer) -> torch.Tensor:
-        """Several new tokens after a cache: PaTH attention over [cached ; new] tokens, where the cached keys, already
-        transformed, get beta = 0. The transformed keys it returns are the new cache."""
-        batch_size, past = q.shape[0], cache_layer.get_seq_length()
+    def _chunked_prefill(self, q, k, v, w, beta, g, attention_mask, cache_layer, past: int) -> torch.Tensor:
+        """Several new tokens after `past` cached ones: PaTH attention over [cached ; new] tokens, where the cached
+        keys, already transformed, get beta = 0. The transformed keys it returns are the new cache."""
+        batch_size = q.shape[0]
 
         def with_past(past_part, new_part):
             return torch.cat([past_part, new_part], dim=1)
 
-        keys = with_past(cache_layer.keys.transpose(1, 2), k)
-        values = with_past(cache_layer.values.transpose(1, 2), v)
+        keys = with_past(cache_layer.keys[:, :, :past].transpose(1, 2), k)
+        values = with_past(cache_layer.values[:, :, :past].transpose(1, 2), v)
         g_all = None
         if g is not None:
             # -gate is a cumulative gate of the cached tokens (0 at the last one): its steps continue into g.
-            past_cum = -cache_layer.gate
+            past_cum = -cache_layer.gate[..., :past]
             past_g = torch.diff(past_cum, dim=-1, prepend=past_cum[..., :1]).transpose(1, 2)
             g_all = with_past(past_g, g)
-            cache_layer.update_gate(g)
         o, k_cache = self._path_attention(
             with_past(q.new_zeros(batch_size, past, *q.shape[2:]), q),
             keys,
@@ -464,7 +472,10 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
             None,
             True,
         )
-        cache_layer.keys, cache_layer.values = k_cache.transpose(1, 2), values.transpose(1, 2)
+        cache_layer.update(k.transpose(1, 2), v.transpose(1, 2))
+        cache_layer.replace_keys(k_cache.transpose(1, 2))
+        if g is not None:
+            cache_layer.update_gate(g)
         return o[:, past:]
 
 
@@ -486,7 +497,7 @@ class PaTHLlamaDecoderLayer(LlamaDecoderLayer):
 class PaTHLlamaPreTrainedModel(LlamaPreTrainedModel):
     config: PaTHLlamaConfig
     _no_split_modules = ["PaTHLlamaDecoderLayer"]
-    # PaTH layers branch on the data (padding, packing, cache state).
+    # A PaTH prefill branches on the data (padding, packing); the decode step with a static cache is one graph.
     _can_compile_fullgraph = False
     _can_record_outputs = {
         "hidden_states": PaTHLlamaDecoderLayer,
@@ -563,12 +574,13 @@ class PaTHLlamaModel(PaTHLlamaPreTrainedModel):
 
         mask_mapping = {PATH_LAYER_TYPE: attention_mask}
         if "full_attention" in self.config.layer_types:
-            # An empty cache is no cache: packed sequences are then recognised, as in the PaTH layers.
+            # An empty cache is no cache: packed sequences are then recognised, as in the PaTH layers. A static cache
+            # always counts: its keys have max_cache_len slots.
             mask_mapping["full_attention"] = create_causal_mask(
                 config=self.config,
                 inputs_embeds=inputs_embeds,
                 attention_mask=attention_mask,
-                cache=cache if past_seen_tokens > 0 else None,
+                cache=cache if cache is not None and (cache.is_compileable or past_seen_tokens > 0) else None,
                 position_ids=position_ids,
             )
 

@@ -1,9 +1,11 @@
+import shutil
+
 import pytest
 import torch
-from tiny_models import random_tokens, tiny_model
-from transformers import DynamicCache
+from tiny_models import TINY, random_tokens, tiny_model
+from transformers import CompileConfig, DynamicCache, LlamaConfig, StaticCache
 
-from path_hf import PaTHCacheLayer
+from path_hf import PaTHCacheLayer, PaTHStaticCacheLayer
 
 VARIANTS = {
     "fox-conv3": {},
@@ -41,6 +43,57 @@ def test_cached_generation_equals_recompute(fields, num_beams):
         torch.testing.assert_close(cached.sequences_scores, recomputed.sequences_scores)
 
 
+@pytest.mark.parametrize("num_beams", [1, 3], ids=["greedy", "beam3"])
+@pytest.mark.parametrize("fields", list(VARIANTS.values()), ids=list(VARIANTS))
+def test_static_cache_generation_equals_dynamic(fields, num_beams):
+    """generate(cache_implementation="static") (fixed buffers, masked unused slots) makes the tokens and logits of
+    the dynamic cache, with left padding; so does a user-built StaticCache with room to spare."""
+    model = tiny_model(**{"rope_mode": "keep", **fields})
+    ids, mask = left_padded_batch()
+    kwargs = dict(
+        attention_mask=mask,
+        max_new_tokens=7,
+        do_sample=False,
+        num_beams=num_beams,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    dynamic = model.generate(ids, **kwargs)
+    static = model.generate(ids, cache_implementation="static", **kwargs)
+    user = model.generate(ids, cache=StaticCache(config=model.config, max_cache_len=32), **kwargs)
+    path_layers = [layer_type == "path_attention" for layer_type in model.config.layer_types]
+    for out in (static, user):
+        assert [isinstance(layer, PaTHStaticCacheLayer) for layer in out.cache.layers] == path_layers
+        torch.testing.assert_close(out.sequences, dynamic.sequences, rtol=0, atol=0)
+        for step_static, step_dynamic in zip(out.logits, dynamic.logits, strict=True):
+            torch.testing.assert_close(step_static, step_dynamic, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inside inductor
+@pytest.mark.skipif(shutil.which("cc") is None, reason="torch.compile on CPU needs a C compiler")
+def test_compiled_static_decode_equals_eager():
+    """The decode step with a static cache compiles as one graph (fullgraph: no graph break) on CPU, and the compiled
+    generate makes the eager tokens and logits."""
+    model = tiny_model(rope_mode="keep", num_hidden_layers=1)
+    ids, mask = left_padded_batch()
+    kwargs = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, return_dict_in_generate=True)
+    eager = model.generate(ids, output_logits=True, **kwargs)
+    compile_config = CompileConfig(fullgraph=True)
+    compile_config._compile_all_devices = True  # generate compiles only on accelerators unless told
+    torch._dynamo.reset()
+    try:
+        compiled = model.generate(
+            ids, cache_implementation="static", compile_config=compile_config, output_logits=True, **kwargs
+        )
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(compiled.sequences, eager.sequences, rtol=0, atol=0)
+    for step_compiled, step_eager in zip(compiled.logits, eager.logits, strict=True):
+        torch.testing.assert_close(step_compiled, step_eager, rtol=1e-4, atol=1e-4)
+
+
 def forward_in_pieces(model, ids, mask, cuts, cache=None):
     """Logits of `ids` fed as the pieces between `cuts`, each continuing the same cache."""
     cache = DynamicCache(config=model.config) if cache is None else cache
@@ -69,19 +122,46 @@ def test_chunked_prefill_and_decode_equal_one_forward(fields):
                 torch.testing.assert_close(getattr(b, name), getattr(a, name))
 
 
-def test_cache_built_without_config():
+@pytest.mark.parametrize("fields", list(VARIANTS.values()), ids=list(VARIANTS))
+def test_static_cache_prefill_and_decode_equal_one_forward(fields):
+    """A user-built StaticCache continued by a prefill, a chunked prefill and single tokens (also from an empty
+    cache) gives the logits of one forward, and after a reset the same again."""
+    model = tiny_model(**{"rope_mode": "keep", **fields})
+    ids, mask = left_padded_batch(lengths=(12, 7, 10))
+    valid = mask.bool()
+    expected = model(ids, attention_mask=mask).logits[valid]
+
+    cache = StaticCache(config=model.config, max_cache_len=16)
+    path_layers = [layer_type == "path_attention" for layer_type in model.config.layer_types]
+    assert [isinstance(layer, PaTHStaticCacheLayer) for layer in cache.layers] == path_layers
+    for cuts in ([0, 4, 9, 10, 12], [0, *range(1, 13)]):
+        cache.reset()
+        logits, _ = forward_in_pieces(model, ids, mask, cuts, cache=cache)
+        torch.testing.assert_close(logits[valid], expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "cache_factory",
+    [DynamicCache, lambda: StaticCache(config=LlamaConfig(**TINY), max_cache_len=9)],
+    ids=["dynamic", "static-llama-config"],
+)
+def test_cache_built_without_config(cache_factory):
+    """A cache that does not know the PaTH layers (no config, or a Llama config) gets PaTH layers of its kind."""
     model = tiny_model(path_layers=[0])
     ids, mask = left_padded_batch()
     expected, _ = forward_in_pieces(model, ids, mask, [0, 5, 6, 9])
-    logits, cache = forward_in_pieces(model, ids, mask, [0, 5, 6, 9], cache=DynamicCache())
-    assert isinstance(cache.layers[0], PaTHCacheLayer) and not isinstance(cache.layers[1], PaTHCacheLayer)
+    logits, cache = forward_in_pieces(model, ids, mask, [0, 5, 6, 9], cache=cache_factory())
+    path_class = PaTHStaticCacheLayer if isinstance(cache, StaticCache) else PaTHCacheLayer
+    assert isinstance(cache.layers[0], path_class) and not isinstance(cache.layers[1], path_class)
     torch.testing.assert_close(logits, expected)
 
 
-def test_cache_cannot_be_cropped():
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_cache_cannot_be_cropped(static):
     model = tiny_model()
     ids, mask = left_padded_batch()
-    _, cache = forward_in_pieces(model, ids, mask, [0, 9])
+    cache = StaticCache(config=model.config, max_cache_len=12) if static else None
+    _, cache = forward_in_pieces(model, ids, mask, [0, 9], cache=cache)
     assert not cache.is_croppable
     with pytest.raises(ValueError, match="cannot be cropped"):
         cache.crop(-2)
