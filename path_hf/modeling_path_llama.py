@@ -346,7 +346,7 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
         cache_layer = self._cache_layer(cache) if cache is not None else None
         # A static cache decodes at any length without reading it: a compiled decode step never syncs with the host.
         static_decode = seq_len == 1 and isinstance(cache_layer, PaTHStaticCacheLayer)
-        past = 0 if cache_layer is None or static_decode else cache_layer.get_seq_length()
+        past = 0 if cache_layer is None or static_decode else int(cache_layer.get_seq_length())
         cu_seqlens = None
         if past == 0 and not static_decode and (attention_mask is None or indices_q is not None):
             cu_seqlens = cu_seq_lens_q
@@ -585,9 +585,10 @@ class PaTHLlamaModel(PaTHLlamaPreTrainedModel):
             )
 
         # Padding and packed sequences, found once per forward rather than in every PaTH layer (each finding waits for
-        # the device), go down as transformers' flash-attention kwargs.
+        # the device), go down as transformers' flash-attention kwargs. The length is tested first: a static cache's
+        # length is a tensor, which a compiled decode step must not branch on.
         layer_kwargs = dict.fromkeys(self.config.layer_types, kwargs)
-        if PATH_LAYER_TYPE in layer_kwargs and past_seen_tokens == 0 and inputs_embeds.shape[1] > 1:
+        if PATH_LAYER_TYPE in layer_kwargs and inputs_embeds.shape[1] > 1 and past_seen_tokens == 0:
             if attention_mask is not None and attention_mask.ndim == 2:
                 unpadded = unpadded_sequences(attention_mask.bool())
                 if unpadded is None:
