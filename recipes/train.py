@@ -67,7 +67,7 @@ from path_hf.evaluation import (
     score_windows,
     tokenize_stream,
 )
-from path_hf.modeling_path_llama import PATH_MODULES
+from path_hf.modeling_path_llama import PATH_MODULES, packed_sequences
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Models: the student (converted on the fly from a RoPE source if needed) and the teacher
@@ -459,12 +459,14 @@ class AttentionAlignment:
             # MSE reaches only attention outputs: a zero term through the logits brings a gradient to every layer.
             return loss + 0.0 * logits.sum()
 
+        # The packed documents, found once as PaTHLlamaModel finds them for its layers.
+        cu_seqlens = packed_sequences(batch["position_ids"], batch["input_ids"].shape[0])
         losses = []
         for idx, attention in sorted(self.layers.items()):
             dtype = attention.q_proj.weight.dtype
             # The wrapped model's forward runs under the mixed-precision autocast; this call bypasses it: enter it.
             with accelerator.autocast() if accelerator is not None else nullcontext():
-                output = attention(**self._recorded_input(idx, dtype), position_ids=batch["position_ids"])[0]
+                output = attention(**self._recorded_input(idx, dtype), cu_seq_lens_q=cu_seqlens)[0]
             self.outputs[idx] = output
             loss = self._layer_loss(idx) / len(self.layers)
             if accelerator is not None:
