@@ -6,7 +6,7 @@ the largest source shard.
 
 The source has Llama-3-8B's layer shapes (hidden 4096, intermediate 14336, 32 heads, 8 kv heads, vocab 128256,
 untied, bf16) with fewer layers and random weights, written shard by shard. Each repetition copies it with
-`cp -r` and converts it with `python -m conversion convert` in a fresh process: its total time includes starting
+`cp -r` and converts it with `python -m path_hf convert` in a fresh process: its total time includes starting
 Python and importing torch, transformers and path_hf, a cost that does not grow with the model, so the time of a
 `--dry-run` (startup and plan) and the converter's own write time are reported too. Peak RSS is the converter
 process's high-water mark (`wait4`). Times are medians over --reps; the files are in the page cache for both.
@@ -51,9 +51,9 @@ def write_synthetic_checkpoint(directory: Path, num_layers: int, shard_size: str
     import torch
     from transformers import LlamaConfig
 
-    from conversion.architectures import ARCHITECTURES, SOURCE_TENSORS, config_dims, path_config_from
-    from conversion.io import SafetensorsWriter, TensorMeta, shard_file_names, split_into_shards, write_index
-    from conversion.options import parse_size
+    from path_hf.conversion.architectures import ARCHITECTURES, SOURCE_TENSORS, config_dims, path_config_from
+    from path_hf.conversion.io import SafetensorsWriter, TensorMeta, shard_file_names, split_into_shards, write_index
+    from path_hf.conversion.options import parse_size
 
     config = LlamaConfig(**LLAMA3_8B, num_hidden_layers=num_layers, dtype="bfloat16")
     config.architectures = ["LlamaForCausalLM"]
@@ -128,7 +128,7 @@ def main() -> None:
             raise SystemExit(f"not enough free disk space in {workdir}: {free / 1e9:.1f} GB")
 
         copy_seconds, convert_seconds, write_seconds, plan_seconds, peak_rss = [], [], [], [], []
-        convert = [sys.executable, "-m", "conversion", "convert", "--from", str(source)]
+        convert = [sys.executable, "-m", "path_hf", "convert", "--from", str(source)]
         for _ in range(args.reps):
             seconds, _, _ = run_timed(["cp", "-r", str(source), str(workdir / "copy")])
             copy_seconds.append(seconds)

@@ -272,8 +272,7 @@ class SmolLM2Run:
         record_error: Callable[[str], None],
         save: Callable[[], None],
     ):
-        sys.path.insert(0, str(REPO / "recipes"))
-        from arguments import parse_config  # recipes/arguments.py, imported as recipes/train.py imports it
+        from path_hf.recipes.arguments import parse_config
 
         self.gguf, self.work, self.out, self.settings = gguf, work, out, settings
         self.result, self.record_error, self.save = result, record_error, save
@@ -340,7 +339,9 @@ class SmolLM2Run:
                 process.stop()
 
     def cli(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "conversion", *args]  # `path-hf ...`, where the package is not installed
+        # `path-hf ...` where the package is not installed: -P keeps this checkout's path_hf (without its conversion
+        # subpackage) from shadowing the one gpu.sh lays out on PYTHONPATH.
+        return [sys.executable, "-P", "-m", "path_hf", *args]
 
     def recipe(self, output_dir: Path, stage_tokens: dict[str, int], *overrides: str) -> list[str]:
         stages = {stage.name: index for index, stage in enumerate(self.config.stages)}
@@ -542,8 +543,8 @@ class SmolLM2Run:
 
     def tables(self) -> None:
         """Each text's report (every model), its Markdown table, its plot and the goals it shows."""
-        from conversion.evaluate import format_table
         from path_hf.evaluation import plot_lengths
+        from path_hf.evaluation.command import format_table
 
         self.result.setdefault("eval", {})
         self.result.setdefault("tables", {})

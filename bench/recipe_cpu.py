@@ -23,7 +23,6 @@ import contextlib
 import importlib.util
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,12 +30,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "recipes"))
-
-import train  # noqa: E402  (recipes/train.py)
 from arguments import TrainingArguments  # noqa: E402
 
 from path_hf import modeling_path_llama, ops  # noqa: E402
+from path_hf.recipes import train  # noqa: E402
 
 
 class CoreTimer:
@@ -85,7 +82,7 @@ def ops_at(commit: str):
 
 def load(path: str, dtype: torch.dtype):
     import path_hf  # noqa: F401  (registers path_llama)
-    from conversion.loading import load_causal_lm
+    from path_hf.conversion.loading import load_causal_lm
 
     return load_causal_lm(path, dtype=dtype)
 

@@ -68,10 +68,10 @@ def write_synthetic_checkpoint(directory: Path, num_layers: int) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, PreTrainedTokenizerFast
 
-    from conversion.architectures import ARCHITECTURES, SOURCE_TENSORS, config_dims, path_config_from
-    from conversion.io import SafetensorsWriter, TensorMeta, shard_file_names, split_into_shards, write_index
-    from conversion.options import parse_size
-    from conversion.verify import TEXT_FILE
+    from path_hf.conversion.architectures import ARCHITECTURES, SOURCE_TENSORS, config_dims, path_config_from
+    from path_hf.conversion.io import SafetensorsWriter, TensorMeta, shard_file_names, split_into_shards, write_index
+    from path_hf.conversion.options import parse_size
+    from path_hf.conversion.verify import TEXT_FILE
 
     config = LlamaConfig(**LLAMA3_8B, num_hidden_layers=num_layers, dtype="bfloat16")
     config.architectures = ["LlamaForCausalLM"]
@@ -109,8 +109,8 @@ def float32_check(source: Path, converted: Path) -> None:
     import torch
     from transformers import AutoConfig
 
-    from conversion.io import SourceWeights
-    from conversion.verify import CheckpointTensors, identity_transforms, streamed_logits, verification_input
+    from path_hf.conversion.io import SourceWeights
+    from path_hf.conversion.verify import CheckpointTensors, identity_transforms, streamed_logits, verification_input
 
     config = AutoConfig.from_pretrained(source)
     input_ids, _ = verification_input(source, config.vocab_size)
@@ -133,7 +133,7 @@ def edit_in_place(directory: Path, names: tuple[str, ...], edit) -> None:
     """Replace tensors `names` of the safetensors checkpoint in `directory` by `edit(*tensors)`, byte for byte."""
     import torch
 
-    from conversion.io import SourceReader, read_safetensors_header
+    from path_hf.conversion.io import SourceReader, read_safetensors_header
 
     found = {
         tensor.name: tensor for file in directory.glob("*.safetensors") for tensor in read_safetensors_header(file)
@@ -162,10 +162,10 @@ def perturb(tensor):
 
 def convert_wrong(kind: str, argv: list[str]) -> int:
     """`path-hf convert ARGV` in this process, with the written checkpoint made wrong before it is verified."""
-    import conversion.convert
-    from conversion.cli import main
+    import path_hf.conversion.convert
+    from path_hf.cli import main
 
-    write_conversion = conversion.convert.write_conversion
+    write_conversion = path_hf.conversion.convert.write_conversion
 
     def write_then_break(plan, directory):
         write_conversion(plan, directory)
@@ -174,7 +174,7 @@ def convert_wrong(kind: str, argv: list[str]) -> int:
         else:
             edit_in_place(directory, (PERTURBED,), perturb)
 
-    conversion.convert.write_conversion = write_then_break
+    path_hf.conversion.convert.write_conversion = write_then_break
     return main(argv)
 
 
@@ -202,7 +202,7 @@ def measure(name: str, source: Path, workdir: Path) -> dict:
     """The exact conversion, the float32 check and the two wrong conversions of `source`."""
     converted = workdir / "converted"
     convert = ["convert", "--from", str(source), "--to", str(converted), *VERIFY_FLAGS]
-    exact = run_measured([sys.executable, "-m", "conversion", *convert])
+    exact = run_measured([sys.executable, "-m", "path_hf", *convert])
     if exact["code"] != 0:
         raise RuntimeError(f"--verify failed on the exact conversion of {name}:\n{exact['output']}")
     start = time.perf_counter()
@@ -268,7 +268,7 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
     # Imported only now: a child's peak RSS starts at the size of the process that starts it.
-    from conversion.options import VERIFY_TOLERANCE
+    from path_hf.conversion.options import VERIFY_TOLERANCE
 
     gib = 2**30
     print(

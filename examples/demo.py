@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     # 1. Convert.
     flags = ["--rope", convert["rope"], "--init", convert.get("init", "default")]
     flags += ["--forget-gate"] if convert.get("forget_gate") else []
-    run([*tool("path-hf", "conversion"), "convert", "--from", source, "--to", converted, *flags], args.threads)
+    run([*tool("path-hf", "path_hf"), "convert", "--from", source, "--to", converted, *flags], args.threads)
 
     # 2. Recover: the recipe on the converted checkpoint (its teacher is the source it records).
     # The recipe tracks recovery on the same held-out tokens that step 3 evaluates on, with the same functions.
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "PaTH, step 0": f"{converted}",
         "PaTH, recovered": f"{trained / 'final'}",
     }
-    command = [*tool("path-hf", "conversion"), "eval", "--data", DEFAULT_MODEL / "data" / "eval.jsonl.xz"]
+    command = [*tool("path-hf", "path_hf"), "eval", "--data", DEFAULT_MODEL / "data" / "eval.jsonl.xz"]
     command += ["--lengths", ",".join(map(str, lengths)), "--max-tokens", str(eval_tokens)]
     command += ["--passkey-trials", "0", "--train-length", str(train_length)]
     command += ["--output", out / "eval.json", "--plot", out / "ppl_vs_length.png"]

@@ -33,18 +33,6 @@ from accelerate import Accelerator, DistributedDataParallelKwargs, DistributedTy
 from accelerate.tracking import GeneralTracker
 from accelerate.utils import ProjectConfiguration, set_seed
 from accelerate.utils import load as load_restricted  # torch.load(weights_only=True), numpy arrays allowed
-
-# recipes/arguments.py: this script's directory is on sys.path when it runs
-from arguments import (
-    DataArguments,
-    ModelArguments,
-    RecipeConfig,
-    RecipeError,
-    Stage,
-    TrainingArguments,
-    build_parser,
-    read_config,
-)
 from datasets import Dataset, IterableDataset, load_dataset
 from peft import LoraConfig, get_peft_model
 from torch import nn
@@ -53,11 +41,11 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import PretrainedConfig
 
-from conversion.convert import convert
-from conversion.errors import ConversionError
-from conversion.loading import load_causal_lm, load_config, load_tokenizer
-from conversion.options import ConvertOptions
 from path_hf import PaTHLlamaAttention, PaTHLlamaConfig, PaTHLlamaForCausalLM
+from path_hf.conversion.convert import convert
+from path_hf.conversion.errors import ConversionError
+from path_hf.conversion.loading import load_causal_lm, load_config, load_tokenizer
+from path_hf.conversion.options import ConvertOptions
 from path_hf.evaluation import (
     IGNORE_INDEX,
     PerplexityResult,
@@ -68,6 +56,16 @@ from path_hf.evaluation import (
     tokenize_stream,
 )
 from path_hf.modeling_path_llama import PATH_MODULES, packed_sequences
+from path_hf.recipes.arguments import (
+    DataArguments,
+    ModelArguments,
+    RecipeConfig,
+    RecipeError,
+    Stage,
+    TrainingArguments,
+    build_parser,
+    read_config,
+)
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Models: the student (converted on the fly from a RoPE source if needed) and the teacher

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "conversion"))
-from gguf_files import tiny_model, write_gguf  # noqa: E402
+from tests.conversion.gguf_files import tiny_model, write_gguf  # noqa: E402
 
 TEXTS = ["python-docs", "copyright-does-not-exist"]
 LONG_TEXT = "copyright-does-not-exist"

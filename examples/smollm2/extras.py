@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 from precision import precision_drift  # noqa: E402
 
 import path_hf  # noqa: E402, F401  (registers PaTHLlama)
-from conversion.loading import load_causal_lm, load_tokenizer  # noqa: E402
+from path_hf.conversion.loading import load_causal_lm, load_tokenizer  # noqa: E402
 from path_hf.evaluation import read_texts, tokenize_stream  # noqa: E402
 
 PROMPTS = (

@@ -20,8 +20,8 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from conversion.cli import main
-from conversion.verify import TEXT_FILE
+from path_hf.cli import main
+from path_hf.conversion.verify import TEXT_FILE
 
 TINY = dict(
     vocab_size=256,

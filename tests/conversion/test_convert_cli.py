@@ -1,4 +1,4 @@
-"""`python -m conversion` in a fresh process, from a hub id in an offline cache, and the output loaded with
+"""`python -m path_hf` in a fresh process, from a hub id in an offline cache, and the output loaded with
 `trust_remote_code=True` by a process that never imports path_hf."""
 
 import json
@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import torch
-from checkpoints import make_source
 from transformers import AutoModelForCausalLM
+
+from tests.conversion.checkpoints import make_source
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -39,7 +40,7 @@ def test_hub_source_python_m_and_trust_remote_code(tmp_path):
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     }
     flags = ["--rope", "keep", "--init", "identity"]
-    convert = [sys.executable, "-m", "conversion", "convert", "--from", "tiny/qwen3", "--to", str(output), *flags]
+    convert = [sys.executable, "-m", "path_hf", "convert", "--from", "tiny/qwen3", "--to", str(output), *flags]
     result = subprocess.run(convert, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert f"source:       tiny/qwen3 @ {COMMIT}" in result.stdout

@@ -10,16 +10,16 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from checkpoints import run_cli
-from gguf_files import CHAT_TEMPLATE, default_tokenizer, tiny_model, write_gguf
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import conversion.convert
 import path_hf  # noqa: F401  (registers path_llama)
-from conversion.gguf import gguf_source
-from conversion.options import ConvertOptions
-from conversion.verify import TEXT_FILE
+import path_hf.conversion.convert
+from path_hf.conversion.gguf import gguf_source
+from path_hf.conversion.options import ConvertOptions
+from path_hf.conversion.verify import TEXT_FILE
+from tests.conversion.checkpoints import run_cli
+from tests.conversion.gguf_files import CHAT_TEMPLATE, default_tokenizer, tiny_model, write_gguf
 
 EXACT = ["--rope", "keep", "--init", "identity"]
 
@@ -145,7 +145,7 @@ def test_dry_run_plans_from_the_header_and_writes_nothing(tmp_path, capsys, monk
     source = write_gguf(tmp_path / "model.gguf", tiny_model("qwen2"), "qwen2", "Q4_0", tokenizer=False)
     output = tmp_path / "converted"
     with monkeypatch.context() as patch:
-        patch.setattr("conversion.gguf.gguf_state_dict", lambda *args: pytest.fail("dequantised for a dry run"))
+        patch.setattr("path_hf.conversion.gguf.gguf_state_dict", lambda *args: pytest.fail("dequantised for a dry run"))
         code, planned, err = run_cli(capsys, "convert", "--from", source, "--to", output, "--dry-run")
     assert code == 0, err
     assert leftovers(tmp_path, output) == []
@@ -170,7 +170,7 @@ def test_an_interrupted_conversion_leaves_nothing(tmp_path, capsys, monkeypatch)
         assert (plan.source.path / "model.safetensors").is_file()  # the GGUF is materialised by now
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(conversion.convert, "write_conversion", interrupted)
+    monkeypatch.setattr(path_hf.conversion.convert, "write_conversion", interrupted)
     assert run_cli(capsys, "convert", "--from", source, "--to", output)[0] == 130
     assert leftovers(tmp_path, output) == []
 
@@ -277,7 +277,7 @@ def test_existing_destination_is_refused_before_dequantising(tmp_path, capsys, m
     output = tmp_path / "converted"
     output.mkdir()
     (output / "keep.txt").write_text("mine")
-    monkeypatch.setattr("conversion.gguf.materialise", lambda *args, **kwargs: pytest.fail("materialised"))
+    monkeypatch.setattr("path_hf.conversion.gguf.materialise", lambda *args, **kwargs: pytest.fail("materialised"))
     code, _, err = run_cli(capsys, "convert", "--from", source, "--to", output)
     assert code == 1 and "exists and is not empty; pass --force" in err
     assert sorted(path.name for path in tmp_path.iterdir()) == ["converted", "model.gguf"]
@@ -287,11 +287,13 @@ def test_not_enough_disk_space_counts_the_materialised_checkpoint(tmp_path, caps
     source = write_gguf(tmp_path / "model.gguf", tiny_model(), "llama", "Q4_0", tokenizer=False)
     options = ConvertOptions(source=str(source), output=str(tmp_path / "converted"), dry_run=True)
     with gguf_source(options) as materialised:
-        output_bytes = conversion.convert.plan_conversion(options, materialised).bytes_to_write
+        output_bytes = path_hf.conversion.convert.plan_conversion(options, materialised).bytes_to_write
     weights = sum(int(tensor.n_elements) for tensor in gguf.GGUFReader(source).tensors) * 4  # in float32
     # Room for the output, not for the materialised checkpoint beside it.
-    free = conversion.convert.disk_margin(2 * weights) + int(1.5 * weights)
-    assert conversion.convert.disk_margin(output_bytes) + output_bytes < free
+    free = path_hf.conversion.convert.disk_margin(2 * weights) + int(1.5 * weights)
+    assert path_hf.conversion.convert.disk_margin(output_bytes) + output_bytes < free
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(conversion.convert.shutil, "disk_usage", lambda path: usage(10**12, 10**12 - free, free))
+    monkeypatch.setattr(
+        path_hf.conversion.convert.shutil, "disk_usage", lambda path: usage(10**12, 10**12 - free, free)
+    )
     assert_refused(capsys, tmp_path, source, message="not enough free disk space")

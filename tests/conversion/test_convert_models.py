@@ -6,13 +6,13 @@ import json
 
 import pytest
 import torch
-from checkpoints import CHAT_TEMPLATE, make_source, read_tensors, run_cli
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import path_hf
-from conversion.convert import layer_seed
 from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
+from path_hf.conversion.convert import layer_seed
+from tests.conversion.checkpoints import CHAT_TEMPLATE, make_source, read_tensors, run_cli
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",

@@ -4,8 +4,9 @@ then `--verify` says why it cannot compare rather than blaming the weight mappin
 
 import pytest
 import torch
-from checkpoints import make_source, read_tensors, run_cli
 from safetensors.torch import load_file, save_file
+
+from tests.conversion.checkpoints import make_source, read_tensors, run_cli
 
 NAME = "model.layers.1.mlp.up_proj.weight"  # [96, 64]: 6,144 values
 
@@ -87,7 +88,7 @@ def test_verify_names_nonfinite_logits_not_the_mapping(tmp_path, capsys):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float8_e5m2], ids=str)
 def test_count_nonfinite_across_chunks(tmp_path, dtype):
-    from conversion.io import SourceReader, count_nonfinite, read_safetensors_header, value_chunks
+    from path_hf.conversion.io import SourceReader, count_nonfinite, read_safetensors_header, value_chunks
 
     values = torch.zeros(1000)
     values[[0, 511, 999]] = float("nan")

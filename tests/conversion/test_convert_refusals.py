@@ -4,12 +4,12 @@ import json
 from collections import namedtuple
 
 import pytest
-from checkpoints import TINY, make_source, run_cli
 from safetensors.torch import load_file, save_file
 from transformers import GPT2Config, MistralConfig, MixtralConfig, Qwen2Config
 
-import conversion.convert
-from conversion.io import SafetensorsWriter
+import path_hf.conversion.convert
+from path_hf.conversion.io import SafetensorsWriter
+from tests.conversion.checkpoints import TINY, make_source, run_cli
 
 
 def save_config(directory, config) -> None:
@@ -138,7 +138,9 @@ def test_source_inside_destination(tmp_path, capsys):
 def test_not_enough_disk_space(tmp_path, capsys, monkeypatch):
     usage = namedtuple("usage", "total used free")
     # 529 KB to write and a 161 KB margin
-    monkeypatch.setattr(conversion.convert.shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 10**6, 600_000))
+    monkeypatch.setattr(
+        path_hf.conversion.convert.shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 10**6, 600_000)
+    )
     source = make_source(tmp_path / "source", "llama")
     err = assert_refused(capsys, tmp_path, source, message="not enough free disk space")
     assert "the output needs 528.82 KB (+ 164.12 KB margin), 600.00 KB is free." in err
@@ -171,7 +173,7 @@ def test_hub_id_not_in_cache_offline(tmp_path, capsys, monkeypatch):
 
 def test_verify_failure_leaves_nothing(tmp_path, capsys, monkeypatch):
     """A weight that lands in the wrong place fails --verify, and the output is not moved into place."""
-    write_conversion = conversion.convert.write_conversion
+    write_conversion = path_hf.conversion.convert.write_conversion
 
     def misplace_a_weight(plan, directory):
         write_conversion(plan, directory)
@@ -179,7 +181,7 @@ def test_verify_failure_leaves_nothing(tmp_path, capsys, monkeypatch):
         tensors["model.layers.0.mlp.up_proj.weight"] = tensors["model.layers.1.mlp.up_proj.weight"].clone()
         save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
 
-    monkeypatch.setattr(conversion.convert, "write_conversion", misplace_a_weight)
+    monkeypatch.setattr(path_hf.conversion.convert, "write_conversion", misplace_a_weight)
     source = make_source(tmp_path / "source", "llama")
     assert_refused(capsys, tmp_path, source, "--verify", message="verification failed: the converted model's logits")
 

@@ -5,15 +5,15 @@ import re
 
 import pytest
 import torch
-from checkpoints import make_source, run_cli
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
-import conversion.convert
-import conversion.verify
-from conversion.options import VERIFY_TOLERANCE
-from conversion.verify import relative_difference, streamed_logits
+import path_hf.conversion.convert
+import path_hf.conversion.verify
+from path_hf.conversion.options import VERIFY_TOLERANCE
+from path_hf.conversion.verify import relative_difference, streamed_logits
+from tests.conversion.checkpoints import make_source, run_cli
 
 PRINTED = re.compile(r"verify: max \|logits - source logits\| / std\(source logits\) = (\S+) in float64")
 FAILED = re.compile(
@@ -44,7 +44,7 @@ def swap(tensors, first: str, second: str) -> None:
 def convert_with(monkeypatch, capsys, tmp_path, source, edit=None):
     """`path-hf convert --rope keep --init identity --verify` with `edit` applied to the written checkpoint before it
     is verified: (exit code, stdout, stderr)."""
-    write_conversion = conversion.convert.write_conversion
+    write_conversion = path_hf.conversion.convert.write_conversion
 
     def write_then_edit(plan, directory):
         write_conversion(plan, directory)
@@ -53,7 +53,7 @@ def convert_with(monkeypatch, capsys, tmp_path, source, edit=None):
 
     output = tmp_path / "converted"
     with monkeypatch.context() as patch:
-        patch.setattr(conversion.convert, "write_conversion", write_then_edit)
+        patch.setattr(path_hf.conversion.convert, "write_conversion", write_then_edit)
         code, out, err = run_cli(
             capsys, "convert", "--from", source, "--to", output, "--rope", "keep", "--init", "identity", "--verify"
         )
@@ -65,11 +65,13 @@ def test_streamed_logits_hold_one_layer_at_a_time(tmp_path, monkeypatch):
     """Equal to the whole model's float64 forward (RMSNorms included), with earlier layers dropped, the embeddings
     read only at the rows of the input, and the head read in blocks of rows."""
     source = make_source(tmp_path / "source", "qwen3", tie_word_embeddings=True)
-    monkeypatch.setattr(Qwen3RMSNorm, "forward", conversion.verify._rms_norm)  # transformers' computes in float32
+    monkeypatch.setattr(
+        Qwen3RMSNorm, "forward", path_hf.conversion.verify._rms_norm
+    )  # transformers' computes in float32
     model = AutoModelForCausalLM.from_pretrained(source).double()
     state_dict = model.state_dict()
     block = 100  # rows of the head at once: 256 = 100 + 100 + 56
-    monkeypatch.setattr(conversion.verify, "_HEAD_BLOCK_BYTES", block * model.config.hidden_size * 8)
+    monkeypatch.setattr(path_hf.conversion.verify, "_HEAD_BLOCK_BYTES", block * model.config.hidden_size * 8)
     loaded, rows_read = [], []
 
     def load(name, rows=None):

@@ -1,12 +1,12 @@
 """A local path that does not exist is named as one (not passed to the hub as a malformed repo id) by `path-hf
 convert --from`, `path-hf eval --model` and the recipe's `model.path` / `model.teacher`; nothing is written."""
 
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from checkpoints import make_source, run_cli
+
+from tests.conversion.checkpoints import make_source, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 MISSING = ["/no/such/dir", "./missing", "missing.gguf", "../gone/model.safetensors"]
@@ -42,12 +42,8 @@ def test_eval(source, tmp_path, capsys, monkeypatch):
 @pytest.fixture(scope="module")
 def recipe():
     """recipes/arguments.py and recipes/train.py, which imports it as a sibling."""
-    sys.path.insert(0, str(ROOT / "recipes"))
-    try:
-        import arguments
-        import train
-    finally:
-        sys.path.remove(str(ROOT / "recipes"))
+    from path_hf.recipes import arguments, train
+
     return arguments, train
 
 

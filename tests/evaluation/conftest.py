@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from eval_models import TOKENIZER, shapes
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
+from tests.evaluation.eval_models import TOKENIZER, shapes
 
 
 @pytest.fixture(scope="session")

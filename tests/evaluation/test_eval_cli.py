@@ -7,12 +7,12 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from eval_models import EVAL_DATA, TRAIN_LENGTH
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from conversion.cli import main
-from conversion.evaluate import ModelSpec, parse_lengths
+from path_hf.cli import main
 from path_hf.evaluation import read_texts, tokenize_stream
+from path_hf.evaluation.command import ModelSpec, parse_lengths
+from tests.evaluation.eval_models import EVAL_DATA, TRAIN_LENGTH
 
 MAX_TOKENS = 160
 

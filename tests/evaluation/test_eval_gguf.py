@@ -2,17 +2,14 @@
 ordinary checkpoint), and an unreadable GGUF is refused on one line."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-from eval_models import EVAL_DATA
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conversion.cli import main
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conversion"))
-from gguf_files import tiny_model, write_gguf  # noqa: E402
+from path_hf.cli import main
+from tests.conversion.gguf_files import tiny_model, write_gguf
+from tests.evaluation.eval_models import EVAL_DATA
 
 
 def export(gguf_path: Path, directory: Path) -> Path:

@@ -7,7 +7,6 @@ import shutil
 
 import pytest
 import torch
-from eval_models import EVAL_DATA, TOKENIZER, shapes
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
@@ -24,9 +23,10 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from conversion.cli import main
-from conversion.evaluate import ModelSpec
+from path_hf.cli import main
 from path_hf.evaluation import attends_causally, data_files, read_texts
+from path_hf.evaluation.command import ModelSpec
+from tests.evaluation.eval_models import EVAL_DATA, TOKENIZER, shapes
 
 
 def run_eval(capsys, *args) -> tuple[int, str]:

@@ -14,12 +14,12 @@ import lm_eval
 import pytest
 import torch
 import torch.nn.functional as F
-from eval_models import ROOT
 from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from conversion.cli import main as path_hf_cli
+from path_hf.cli import main as path_hf_cli
+from tests.evaluation.eval_models import ROOT
 
 TASKS_DIR = ROOT / "examples" / "lm_eval"
 # By path, not through sys.path: the folder also holds a `utils.py` (lm-eval's name for task helpers).

@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
-from eval_models import EVAL_DATA, ROOT, shapes
 from torch import nn
 from transformers import AutoModelForCausalLM
 
 from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
 from path_hf.evaluation import read_texts, tokenize_stream
+from tests.evaluation.eval_models import EVAL_DATA, ROOT, shapes
 
 _spec = importlib.util.spec_from_file_location("smollm2_precision", ROOT / "examples" / "smollm2" / "precision.py")
 precision = importlib.util.module_from_spec(_spec)

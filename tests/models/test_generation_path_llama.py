@@ -2,10 +2,10 @@ import shutil
 
 import pytest
 import torch
-from tiny_models import TINY, random_tokens, tiny_model
 from transformers import CompileConfig, DynamicCache, LlamaConfig, StaticCache
 
 from path_hf import PaTHCacheLayer, PaTHStaticCacheLayer
+from tests.models.tiny_models import TINY, random_tokens, tiny_model
 
 VARIANTS = {
     "fox-conv3": {},

@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file, save_file
-from tiny_models import SOURCES, path_config_from, random_tokens, tiny_config, tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModel, AutoModelForCausalLM, DataCollatorWithFlattening
 from transformers.models.llama.modeling_llama import LlamaAttention, apply_rotary_pos_emb
@@ -23,6 +22,7 @@ from path_hf import (
 )
 from path_hf.modeling_path_llama import PATH_MODULES, PaTHGain
 from path_hf.ops import naive_path_attention
+from tests.models.tiny_models import SOURCES, path_config_from, random_tokens, tiny_config, tiny_model
 
 
 def max_rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -1,8 +1,8 @@
 import pytest
 import torch
-from path_reference import assert_close, householder_matrices, make_inputs
 
 from path_hf.ops import path_attention, path_decode_update
+from tests.ops.path_reference import assert_close, householder_matrices, make_inputs
 
 
 def attend(

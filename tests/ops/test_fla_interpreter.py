@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from path_reference import assert_close, make_inputs
 
 from path_hf.ops import path_attention
+from tests.ops.path_reference import assert_close, make_inputs
 
 pytestmark = pytest.mark.fla
 

@@ -1,7 +1,10 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from path_reference import (
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+from path_hf.ops import naive_path_attention, path_attention, resolve_backend
+from tests.ops.path_reference import (
     assert_close,
     householder_matrices,
     householder_product,
@@ -9,9 +12,6 @@ from path_reference import (
     path_attention_reference,
     path_scores_reference,
 )
-from torch.utils.checkpoint import checkpoint as torch_checkpoint
-
-from path_hf.ops import naive_path_attention, path_attention, resolve_backend
 
 
 def forward_backward(

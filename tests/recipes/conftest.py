@@ -1,12 +1,9 @@
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from recipe_runs import ROOT
 
-sys.path.insert(0, str(ROOT / "tests" / "conversion"))
-from checkpoints import make_source  # noqa: E402
+from tests.conversion.checkpoints import make_source
 
 
 @pytest.fixture(autouse=True)

@@ -18,13 +18,11 @@ gathers.
 
 import os
 import sys
-from pathlib import Path
 
 from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipes"))
-import train  # noqa: E402
+from path_hf.recipes import train
 
 _init = AcceleratorState.__init__
 _prepare_backend = PartialState._prepare_backend

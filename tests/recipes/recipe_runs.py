@@ -1,17 +1,14 @@
 """Recipe configs that run in seconds on the tiny model, and running `recipes/train.py` in this process."""
 
 import json
-import sys
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-# recipes/train.py is a script importing its sibling arguments.py, as it does when it runs.
-sys.path.insert(0, str(ROOT / "recipes"))
+from path_hf.recipes import train  # noqa: F401  (imported from here by the tests)
+from path_hf.recipes.arguments import parse_config  # noqa: F401
 
-import train  # noqa: E402
-from arguments import parse_config  # noqa: E402, F401  (recipes/arguments.py)
+ROOT = Path(__file__).resolve().parents[2]
 
 DATA = Path(__file__).parent / "data" / "lighthouse.jsonl"
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate import Accelerator
-from recipe_runs import read_log, recipe_config, run_recipe, train
+
+from tests.recipes.recipe_runs import read_log, recipe_config, run_recipe, train
 
 
 class PlantedCode:

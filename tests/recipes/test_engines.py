@@ -11,10 +11,11 @@ import pytest
 import torch
 import yaml
 from accelerate.utils import DistributedType
-from recipe_runs import ROOT, parse_config, read_log, recipe_config, run_recipe, train, write_config
 from safetensors.torch import load_file
-from test_launch import environment, free_port
 from torch import nn
+
+from tests.recipes.recipe_runs import ROOT, parse_config, read_log, recipe_config, run_recipe, train, write_config
+from tests.recipes.test_launch import environment, free_port
 
 ADAM_EPS = 1e-8  # torch.optim.AdamW's default, which the recipe keeps
 

@@ -4,8 +4,9 @@ teacher a converted checkpoint records."""
 import json
 
 import pytest
-from gguf_files import tiny_model, write_gguf  # tests/conversion, on sys.path through conftest
-from recipe_runs import recipe_config, run_recipe
+
+from tests.conversion.gguf_files import tiny_model, write_gguf  # tests/conversion, on sys.path through conftest
+from tests.recipes.recipe_runs import recipe_config, run_recipe
 
 
 def test_a_gguf_is_converted_and_is_the_teacher_then_the_recorded_teacher(tmp_path):

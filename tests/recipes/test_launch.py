@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from recipe_runs import ROOT, read_log, recipe_config, run_recipe, write_config
+from tests.recipes.recipe_runs import ROOT, read_log, recipe_config, run_recipe, write_config
 
 
 def environment() -> dict[str, str]:

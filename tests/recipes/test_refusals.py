@@ -1,8 +1,9 @@
 """Bad configurations fail before any work starts (nothing is written), with a message naming the field."""
 
 import pytest
-from checkpoints import make_source
-from recipe_runs import DATA, parse_config, recipe_config, run_recipe, train, write_config
+
+from tests.conversion.checkpoints import make_source
+from tests.recipes.recipe_runs import DATA, parse_config, recipe_config, run_recipe, train, write_config
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,14 @@ import shutil
 
 import pytest
 import torch
-from checkpoints import make_source
 from datasets import load_dataset
 from peft import PeftModel
-from recipe_runs import DATA, ROOT, parse_config, read_log, recipe_config, run_recipe, train
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import path_hf  # noqa: F401  (registers path_llama)
+from tests.conversion.checkpoints import make_source
+from tests.recipes.recipe_runs import DATA, ROOT, parse_config, read_log, recipe_config, run_recipe, train
 
 
 def weights(directory) -> dict[str, torch.Tensor]:
@@ -186,8 +186,8 @@ def test_packed_blocks_restart_positions_at_each_document():
 def test_alignment_loss_is_zero_for_an_exact_conversion(tmp_path, rope, exact, isolated):
     """With RoPE kept and identity transforms a PaTH layer computes the source layer: the stage-1 loss is 0, which
     it can only be if every PaTH attention ran on its own source layer's input and was compared to its output."""
-    from conversion.convert import convert
-    from conversion.options import ConvertOptions
+    from path_hf.conversion.convert import convert
+    from path_hf.conversion.options import ConvertOptions
 
     # Weights large enough that the attention outputs are of order 1.
     source = make_source(tmp_path / "source", "llama", initializer_range=0.3)
@@ -209,8 +209,8 @@ def test_isolated_alignment_equals_the_whole_student_run(tmp_path):
     """Running each PaTH attention alone on the teacher's input, backpropagated layer by layer, gives the loss and
     the gradients of the whole student's forward with the inputs substituted, also when the whole student recomputes
     its layers in backward (activation checkpointing: the hooks must again feed the teacher's inputs)."""
-    from conversion.convert import convert
-    from conversion.options import ConvertOptions
+    from path_hf.conversion.convert import convert
+    from path_hf.conversion.options import ConvertOptions
 
     source = make_source(tmp_path / "source", "llama", initializer_range=0.3)
     convert(ConvertOptions(source=str(source), output=str(tmp_path / "path"), rope="drop", forget_gate=True))
@@ -263,8 +263,8 @@ def test_shipped_configs_parse_and_start_with_their_launch_line(path):
 
 
 def test_a_converted_checkpoint_finds_its_teacher_in_the_conversion_record(tiny_source, tmp_path):
-    from conversion.convert import convert
-    from conversion.options import ConvertOptions
+    from path_hf.conversion.convert import convert
+    from path_hf.conversion.options import ConvertOptions
 
     convert(ConvertOptions(source=str(tiny_source), output=str(tmp_path / "path"), rope="keep", init="identity"))
     out = tmp_path / "run"
@@ -278,8 +278,8 @@ def test_a_converted_checkpoint_finds_its_teacher_in_the_conversion_record(tiny_
 
 def test_packed_blocks_keep_documents_apart_in_both_models(tiny_source, tmp_path):
     """The recipe's blocks give every document the logits it gets alone, in the RoPE teacher and the PaTH model."""
-    from conversion.convert import convert
-    from conversion.options import ConvertOptions
+    from path_hf.conversion.convert import convert
+    from path_hf.conversion.options import ConvertOptions
 
     convert(ConvertOptions(source=str(tiny_source), output=str(tmp_path / "path"), rope="drop"))
     tokenizer = AutoTokenizer.from_pretrained(tiny_source)
@@ -346,8 +346,8 @@ def test_files_whose_records_carry_different_fields_mix(tiny_source, tmp_path):
 
 
 def test_lora_all_linear_never_wraps_the_path_projections(tiny_source, tmp_path):
-    from conversion.convert import convert
-    from conversion.options import ConvertOptions
+    from path_hf.conversion.convert import convert
+    from path_hf.conversion.options import ConvertOptions
 
     options = ConvertOptions(source=str(tiny_source), output=str(tmp_path / "path"), forget_gate=True)
     convert(options)
@@ -374,8 +374,8 @@ def test_isolated_alignment_runs_under_the_accelerators_mixed_precision(tmp_path
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    from conversion.convert import convert
-    from conversion.options import ConvertOptions
+    from path_hf.conversion.convert import convert
+    from path_hf.conversion.options import ConvertOptions
 
     source = make_source(tmp_path / "source", "llama")
     convert(ConvertOptions(source=str(source), output=str(tmp_path / "path"), rope="drop"))

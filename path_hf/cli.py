@@ -11,11 +11,11 @@ import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from .convert import convert
-from .errors import CommandError
-from .evaluate import add_eval_arguments, run_eval
-from .evaluate import options_from_args as eval_options_from_args
-from .options import ConvertOptions, add_options_to_parser, options_from_args
+from .conversion.convert import convert
+from .conversion.errors import CommandError
+from .conversion.options import ConvertOptions, add_options_to_parser, options_from_args
+from .evaluation.command import add_eval_arguments, run_eval
+from .evaluation.command import options_from_args as eval_options_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
-"""`python -m conversion ...`, the same as `path-hf ...`."""
+"""`python -m path_hf ...`, the same as `path-hf ...`."""
 
 import sys
 

@@ -39,8 +39,8 @@ from pathlib import Path
 
 from path_hf.evaluation import ROPE_SCALING_TYPES
 
-from .errors import ConversionError, EvaluationError
-from .options import argument_type
+from ..conversion.errors import ConversionError, EvaluationError
+from ..conversion.options import argument_type
 
 
 @dataclass(frozen=True)
@@ -272,8 +272,8 @@ def _tokenizer_source(spec: ModelSpec, options: EvalOptions) -> tuple[str, str]:
 def check_model(spec: ModelSpec, options: EvalOptions) -> None:
     """Refuse, before any weights are loaded, a `--model` whose config is an encoder-decoder, and a local checkpoint
     directory without tokenizer files (a GGUF carries its own tokenizer)."""
-    from .gguf import find_gguf
-    from .loading import load_config
+    from ..conversion.gguf import find_gguf
+    from ..conversion.loading import load_config
 
     with _loading("--model", spec.path):
         config = load_config(spec.path, trust_remote_code=options.trust_remote_code)
@@ -316,7 +316,7 @@ def evaluate_model(
         tokenize_stream,
     )
 
-    from .loading import load_causal_lm, load_tokenizer
+    from ..conversion.loading import load_causal_lm, load_tokenizer
 
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     flag, source = _tokenizer_source(spec, options)
