@@ -9,6 +9,8 @@ The only relative imports are flat modules that `save_pretrained` copies next to
 loads with `trust_remote_code=True` where path_hf is not installed.
 """
 
+import re
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -139,6 +141,9 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """`x / sqrt(|x|^2 + eps)` over the last dim (FLA's `l2_norm`); zero vectors stay zero."""
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
 
+
+# A parameter of decoder layer `layer` in a checkpoint: `model.layers.{layer}.` (Llama's layout, which PaTHLlama keeps).
+LAYER_PARAMETER = re.compile(r"model\.layers\.(?P<layer>\d+)\.")
 
 # The modules a PaTH layer adds to the source attention (FLA's names, and the gains), in registration order.
 PATH_MODULES = ("w_proj", "w_conv1d", "bt_proj", "bt_gain", "g_proj", "g_gain")
