@@ -3,7 +3,8 @@
 PaTHLlama checkpoint, shard by shard, without building the model (`conversion.convert`); `path-hf eval` measures
 perplexity and passkey retrieval against context length (`path_hf.evaluation.command`)."""
 
-from .errors import ConversionError
+from path_hf.errors import ConversionError
+
 from .options import ConvertOptions
 
 __all__ = ["ConversionError", "ConvertOptions"]

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from transformers import PretrainedConfig
 
 from path_hf import PaTHLlamaConfig
+from path_hf.errors import ConversionError
 from path_hf.ops import FLA_HEAD_DIMS
 
-from .errors import ConversionError
 from .io import TensorMeta
 
 

@@ -22,7 +22,6 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,10 +41,11 @@ from transformers.utils import (
 )
 
 from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM, init_path_parameters
+from path_hf.atomic import atomic_directory
+from path_hf.errors import ConversionError
 from path_hf.modeling_path_llama import PaTHLlamaAttention, PaTHLlamaRoPEAttention
 
 from .architectures import Architecture, check_attention, check_source_config, check_source_tensors, path_config_from
-from .errors import ConversionError
 from .io import (
     NonFiniteValues,
     SafetensorsWriter,
@@ -59,7 +59,7 @@ from .io import (
     value_chunks,
     write_index,
 )
-from .options import ConvertOptions, format_layers
+from .options import UNRECORDED_OPTIONS, ConvertOptions, format_layers
 
 if TYPE_CHECKING:
     from .gguf import GGUFCheckpoint
@@ -78,8 +78,6 @@ _HOST = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "localhost"
 # Warnings list at most this many tensors holding non-finite values.
 _NAMED_TENSORS = 5
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
-# Options that do not shape the output (the source is recorded on its own), left out of `path_conversion`.
-_UNRECORDED_OPTIONS = ("source", "output", "revision", "gguf_file", "dry_run", "verify", "force", "debug")
 
 
 def layer_seed(seed: int, layer_idx: int) -> int:
@@ -436,7 +434,7 @@ def plan_conversion(options: ConvertOptions, source: Source | None = None) -> Co
             "source": source.name,
             "revision": source.revision,
             **({"gguf": source.gguf.record()} if source.gguf else {}),
-            "options": {k: v for k, v in asdict(options).items() if k not in _UNRECORDED_OPTIONS},
+            "options": {k: v for k, v in asdict(options).items() if k not in UNRECORDED_OPTIONS},
             "path_hf_version": package_version(),
         },
     )
@@ -640,31 +638,6 @@ recipes of path-hf do this with accelerate. With PEFT, keep the new modules trai
 """
 
 
-@contextmanager
-def atomic_directory(output: Path) -> Iterator[Path]:
-    """A new directory beside `output`, renamed to `output` if the block succeeds and deleted if it fails or is
-    interrupted. An existing `output` is replaced only at that final rename."""
-    output = output.resolve()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = staging_directory(output, "tmp")
-    staging.mkdir()
-    try:
-        yield staging
-        if output.exists():
-            replaced = staging_directory(output, "old")
-            os.replace(output, replaced)
-            os.replace(staging, output)
-            if replaced.is_dir():
-                shutil.rmtree(replaced)
-            else:
-                replaced.unlink()
-        else:
-            os.replace(staging, output)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-
-
 def convert(options: ConvertOptions) -> ConversionPlan:
     """Run `path-hf convert`: plan, print the plan, and (unless `--dry-run`) write and optionally verify the
     converted checkpoint, atomically. A GGUF source is materialised first, beside the destination, and removed at
@@ -678,7 +651,9 @@ def convert(options: ConvertOptions) -> ConversionPlan:
         print(plan.describe(), flush=True)
         if options.dry_run:
             return plan
-        with atomic_directory(Path(options.output).expanduser()) as staging:
+        output = Path(options.output).expanduser().resolve()
+        staging, old = staging_directory(output, "tmp"), staging_directory(output, "old")
+        with atomic_directory(output, staging, old):
             start = time.perf_counter()
             write_conversion(plan, staging)
             seconds = time.perf_counter() - start
@@ -686,7 +661,6 @@ def convert(options: ConvertOptions) -> ConversionPlan:
                 from .verify import verify_conversion  # builds models: only imported when asked for
 
                 verify_conversion(plan, staging)
-        output = Path(options.output).expanduser().resolve()
         print(f"wrote {output} ({_size(plan.bytes_to_write)} in {seconds:.1f} s)", flush=True)
     return plan
 
@@ -697,7 +671,6 @@ __all__ = [
     "Source",
     "STAGING_KINDS",
     "StagingDirectory",
-    "atomic_directory",
     "check_destination",
     "check_disk_space",
     "clear_stale_staging",

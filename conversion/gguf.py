@@ -44,9 +44,10 @@ from transformers import (
 from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES, load_gguf_checkpoint
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME
 
+from path_hf.errors import ConversionError
+
 from .architectures import ARCHITECTURES
 from .convert import Source, check_destination, check_disk_space, staging_directory
-from .errors import ConversionError
 from .io import SafetensorsWriter, SourceTensor, SourceWeights, TensorMeta
 from .options import ConvertOptions
 

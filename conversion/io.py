@@ -28,7 +28,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-from .errors import ConversionError
+from path_hf.errors import ConversionError
 
 # dtype names of the safetensors format.
 SAFETENSORS_DTYPES: dict[str, torch.dtype] = {

@@ -3,25 +3,26 @@
 
 from __future__ import annotations
 
-import argparse
 import re
-import types
-import typing
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 
 from transformers.utils.hub import convert_file_size_to_int
 
 from path_hf import PaTHLlamaConfig
+from path_hf.arguments import DTYPES, check_choices
 from path_hf.configuration_path_llama import PATH_INITS, ROPE_MODES
+from path_hf.errors import ConversionError
 
-from .errors import ConversionError
-
-DTYPES = ("float32", "bfloat16", "float16")
 # --verify: the largest max |logits - source logits| / std(source logits), both models in float64 with the
 # transforms at identity. Rounding gives ~1e-14 (SmolLM2); one tensor perturbed by 1e-3 of its RMS gives 3e-4 to
 # 5e-3, a misplaced one 1 to 10 (conversion/README.md).
 VERIFY_TOLERANCE = 1e-6
 _DEFAULT_SHARD_SIZE = "5GB"
+# Options of running the command rather than of the checkpoint it writes: a recipe's `model.convert` cannot set them.
+RUN_OPTIONS = ("source", "output", "dry_run", "verify", "force", "debug")
+# Options left out of the conversion record (`config.path_conversion`): those, and where the source comes from, which
+# is recorded on its own.
+UNRECORDED_OPTIONS = (*RUN_OPTIONS, "revision", "gguf_file")
 
 
 def parse_layers(spec: str) -> tuple[int, ...]:
@@ -57,7 +58,7 @@ def parse_size(size: str) -> int:
 @dataclass(kw_only=True)
 class ConvertOptions:
     """Options of `path-hf convert`. Each field is one command-line flag (`--field-name` unless `flag` says
-    otherwise); its `help` is the flag's documentation."""
+    otherwise; `path_hf.arguments`); its `help` is the flag's documentation."""
 
     source: str = field(
         metadata={"flag": "--from", "metavar": "SRC", "help": "local directory, hub id, or llama.cpp .gguf file"}
@@ -164,11 +165,7 @@ class ConvertOptions:
     debug: bool = field(default=False, metadata={"help": "print the traceback of an error"})
 
     def __post_init__(self):
-        for option in fields(self):
-            choices = option.metadata.get("choices")
-            value = getattr(self, option.name)
-            if choices and value is not None and value not in choices:
-                raise ConversionError(f"{_flag(option)} must be one of {', '.join(choices)}; got {value!r}.")
+        check_choices(self, ConversionError)
         if self.dry_run and self.verify:
             raise ConversionError("--verify checks written files; it cannot run with --dry-run.")
         if self.forget_gate_bias != PaTHLlamaConfig.path_forget_gate_bias and not self.forget_gate:
@@ -181,57 +178,12 @@ class ConvertOptions:
             raise ConversionError(f"--max-shard-size must be positive, got {self.max_shard_size}.")
 
 
-def _flag(option) -> str:
-    return option.metadata.get("flag", "--" + option.name.replace("_", "-"))
-
-
-def argument_type(parse):
-    """`parse`, with its ValueError message shown by argparse (which otherwise prints only the function's name)."""
-
-    def parse_argument(value: str):
-        try:
-            return parse(value)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from error
-
-    parse_argument.__name__ = parse.__name__
-    return parse_argument
-
-
-def add_options_to_parser(parser: argparse.ArgumentParser, options_class: type = ConvertOptions) -> None:
-    """One flag per field of the dataclass `options_class`, typed and documented from its field."""
-    hints = typing.get_type_hints(options_class)
-    for option in fields(options_class):
-        kind = hints[option.name]
-        required = option.default is MISSING and option.default_factory is MISSING
-        kwargs = {"dest": option.name, "help": option.metadata.get("help")}
-        if kind is bool:
-            kwargs["action"] = "store_true"
-        else:
-            if isinstance(kind, types.UnionType):  # `X | None`
-                kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
-            kwargs.update(type=argument_type(option.metadata.get("parse", kind)), required=required)
-            if not required:
-                kwargs["default"] = option.default
-            for key in ("choices", "metavar"):
-                if key in option.metadata:
-                    kwargs[key] = option.metadata[key]
-        parser.add_argument(_flag(option), **kwargs)
-
-
-def options_from_args(args: argparse.Namespace, options_class: type = ConvertOptions):
-    """The `options_class` instance holding the parsed flags."""
-    return options_class(**{option.name: getattr(args, option.name) for option in fields(options_class)})
-
-
 __all__ = [
-    "DTYPES",
+    "RUN_OPTIONS",
+    "UNRECORDED_OPTIONS",
     "VERIFY_TOLERANCE",
     "ConvertOptions",
-    "add_options_to_parser",
-    "argument_type",
     "format_layers",
-    "options_from_args",
     "parse_layers",
     "parse_size",
 ]

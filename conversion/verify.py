@@ -27,7 +27,6 @@ from functools import partial
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from accelerate import init_empty_weights
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
@@ -36,10 +35,11 @@ from transformers.models.mistral.modeling_mistral import MistralRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
+from path_hf.errors import ConversionError
+from path_hf.evaluation import token_nll
 from path_hf.modeling_path_llama import PaTHGain
 
 from .convert import ConversionPlan
-from .errors import ConversionError
 from .io import SourceReader, SourceTensor, SourceWeights
 from .options import VERIFY_TOLERANCE
 
@@ -182,7 +182,7 @@ def identity_transforms(layer: nn.Module) -> None:
 
 
 def _perplexity(logits: torch.Tensor, input_ids: torch.Tensor) -> float:
-    return math.exp(F.cross_entropy(logits[0, :-1], input_ids[0, 1:]).item())
+    return math.exp(token_nll(logits[:, :-1], input_ids[:, 1:]).mean().item())
 
 
 def verification_input(source_dir: Path, vocab_size: int) -> tuple[torch.Tensor, bool]:

@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from path_hf.evaluation import plot_lengths
+from path_hf.evaluation import plot_lengths, plots
 
 
 def label(report: dict) -> str:
@@ -45,25 +45,17 @@ def _checkpoints(report: dict) -> list[int]:
 
 
 def plot_recovery(reports: dict[str, dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, report in reports.items():
-        history = report["recovery"]["history"]
-        ax.plot([e["tokens"] for e in history], [e["ratio"]["1x"] for e in history], marker="o", label=name)
-    ax.axhline(1.0, color="gray", linestyle="--", linewidth=1, label="source model")
-    ax.axhline(1.02, color="green", linestyle=":", linewidth=1, label="goal 1.02")
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("perplexity / source perplexity at 1x")
-    ax.set_yscale("log")
-    ax.set_title("Recovery of the default model, by PaTH variant")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    curves = {
+        name: [(entry["tokens"], entry["ratio"]["1x"]) for entry in report["recovery"]["history"]]
+        for name, report in reports.items()
+    }
+    plots.plot_recovery(
+        curves,
+        path,
+        target=1.02,
+        ylabel="perplexity / source perplexity at 1x",
+        title="Recovery of the default model, by PaTH variant",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,11 +11,11 @@ import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from .arguments import add_arguments, from_arguments
 from .conversion.convert import convert
-from .conversion.errors import CommandError
-from .conversion.options import ConvertOptions, add_options_to_parser, options_from_args
-from .evaluation.command import add_eval_arguments, run_eval
-from .evaluation.command import options_from_args as eval_options_from_args
+from .conversion.options import ConvertOptions
+from .errors import CommandError
+from .evaluation.command import EvalOptions, run_eval
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Convert a RoPE Llama, Qwen2, Qwen3 or Mistral checkpoint into a PaTHLlama checkpoint that "
         "loads with from_pretrained, streaming it shard by shard. The output appears atomically at DST.",
     )
-    add_options_to_parser(convert_parser, ConvertOptions)
+    add_arguments(convert_parser, ConvertOptions)
     eval_parser = commands.add_parser(
         "eval",
         help="perplexity and passkey retrieval at several context lengths, for one or more causal LMs",
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         "scaling) at several context lengths: perplexity on held-out text and passkey retrieval. Prints a table; "
         "writes JSON and a plot on request.",
     )
-    add_eval_arguments(eval_parser)
+    add_arguments(eval_parser, EvalOptions)
     return parser
 
 
@@ -70,9 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with sigterm_as_interrupt():
             if args.command == "convert":
-                convert(options_from_args(args, ConvertOptions))
+                convert(from_arguments(args, ConvertOptions))
             elif args.command == "eval":
-                run_eval(eval_options_from_args(args))
+                run_eval(from_arguments(args, EvalOptions))
     except KeyboardInterrupt:
         print("interrupted; nothing was written", file=sys.stderr)
         return 130

@@ -4,8 +4,9 @@
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
 
+from .ops import BACKENDS
+
 ROPE_MODES = ("drop", "keep")
-PATH_BACKENDS = ("auto", "torch", "fla")
 PATH_INITS = ("default", "identity")
 # Cache layer type of the PaTH layers (registered by cache_path_llama.PaTHCacheLayer).
 PATH_LAYER_TYPE = "path_attention"
@@ -125,8 +126,8 @@ class PaTHLlamaConfig(LlamaConfig):
             )
         if self.rope_mode not in ROPE_MODES:
             raise ValueError(f"rope_mode must be one of {ROPE_MODES}, got {self.rope_mode!r}.")
-        if self.path_backend not in PATH_BACKENDS:
-            raise ValueError(f"path_backend must be one of {PATH_BACKENDS}, got {self.path_backend!r}.")
+        if self.path_backend not in BACKENDS:
+            raise ValueError(f"path_backend must be one of {BACKENDS}, got {self.path_backend!r}.")
         if self.path_init not in PATH_INITS:
             raise ValueError(f"path_init must be one of {PATH_INITS}, got {self.path_init!r}.")
         if not 0 < self.path_beta_max <= 2:

@@ -14,20 +14,17 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import types
-import typing
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from path_hf.arguments import add_arguments, describe_fields, from_arguments, from_mapping
+from path_hf.errors import RecipeError
+
 STAGES = ("align", "distill", "lm")
 TRAINABLE = ("path", "attention", "full", "lora")
 TRACKERS = ("tensorboard", "jsonl", "wandb")
-
-
-class RecipeError(Exception):
-    """A configuration the recipe refuses, or a run that cannot go on; the message names the field or the step."""
 
 
 def _help(text: str, **metadata) -> dict:
@@ -164,77 +161,27 @@ class RecipeConfig:
     training: TrainingArguments
 
 
-def _convert(value, kind, name: str):
-    """`value` checked against the annotation `kind`: ints become floats where floats are expected, numbers in
-    scientific notation (`1e6`, which YAML 1.1 reads as a string) become numbers, whole floats become ints."""
-    origin = typing.get_origin(kind)
-    if origin in (types.UnionType, typing.Union):
-        options = typing.get_args(kind)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _convert(value, option, name)
-            except RecipeError as error:
-                errors.append(str(error))
-        raise RecipeError(errors[0])
-    if origin is list:
-        (item,) = typing.get_args(kind)
-        if not isinstance(value, list):
-            raise RecipeError(f"{name} must be a list, got {value!r}")
-        return [_convert(v, item, f"{name}.{i}") for i, v in enumerate(value)]
-    if is_dataclass(kind):
-        return from_dict(kind, value, name)
-    if kind is dict:
-        if not isinstance(value, dict):
-            raise RecipeError(f"{name} must be a mapping, got {value!r}")
-        return value
-    if kind in (int, float) and isinstance(value, str):
-        try:
-            value = float(value)  # YAML 1.1 reads 1e6 (no dot) as a string
-        except ValueError:
-            raise RecipeError(f"{name} must be {kind.__name__}, got {value!r}") from None
-    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if kind is int and isinstance(value, float) and value.is_integer():
-        return int(value)  # 1e6 tokens
-    if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise RecipeError(f"{name} must be {kind.__name__}, got {value!r}")
-    return value
+@dataclass(kw_only=True)
+class RecipeCommand:
+    """The command line of recipes/train.py: the YAML file, the overrides of its keys, and `--force`."""
+
+    config: str = field(metadata=_help("YAML file with sections model, data, stages, training"))
+    force: bool = field(
+        default=False,
+        metadata=_help(
+            "start anew in a training.output_dir that holds an earlier run: delete its checkpoints, logs and final "
+            "model first (the converted model is kept). Without it such a run is refused unless training.resume=true"
+        ),
+    )
+    overrides: list[str] = field(
+        default_factory=list,
+        metadata=_help("e.g. training.batch_size=4", positional=True, nargs="*", metavar="KEY=VALUE"),
+    )
 
 
 def from_dict(cls, data, prefix: str):
-    """`cls(**data)`, every key checked: unknown keys, missing required keys, types and `choices` fail naming the
-    field (`prefix.key`)."""
-    if not isinstance(data, dict):
-        raise RecipeError(f"{prefix or 'the config file'} must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in fields(cls)}
-    for key in data:
-        if key not in known:
-            where = f" of {prefix}" if prefix else ""
-            raise RecipeError(f"unknown key {_join(prefix, key)} (known keys{where}: {', '.join(known)})")
-    values = {}
-    for name, option in known.items():
-        full_name = _join(prefix, name)
-        if name not in data:
-            if option.default is MISSING and option.default_factory is MISSING:
-                raise RecipeError(f"{full_name} is required: {option.metadata.get('help', '')}")
-            continue
-        values[name] = _convert(data[name], hints[name], full_name)
-        choices = option.metadata.get("choices")
-        if choices and values[name] not in choices:
-            raise RecipeError(f"{full_name} must be one of {', '.join(choices)}; got {values[name]!r}")
-    return cls(**values)
-
-
-def _join(prefix: str, key: str) -> str:
-    return f"{prefix}.{key}" if prefix else key
+    """`cls(**data)`, every key checked (`path_hf.arguments.from_mapping`); a `RecipeError` names the field at fault."""
+    return from_mapping(cls, data, prefix, RecipeError)
 
 
 def set_override(tree: dict, override: str) -> None:
@@ -265,14 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="keys (section.key=value overrides the YAML file; values are read as YAML):\n" + describe_keys(),
     )
-    parser.add_argument("--config", required=True, help="YAML file with sections model, data, stages, training")
-    parser.add_argument(
-        "--force",
-        action="store_true",
-        help="start anew in a training.output_dir that holds an earlier run: delete its checkpoints, logs and final "
-        "model first (the converted model is kept). Without it such a run is refused unless training.resume=true",
-    )
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. training.batch_size=4")
+    add_arguments(parser, RecipeCommand)
     return parser
 
 
@@ -284,34 +224,26 @@ def describe_keys() -> str:
         ("stages.N", Stage),
         ("training", TrainingArguments),
     )
-    return "\n".join(line for section, cls in sections for line in _describe(section, cls))
-
-
-def _describe(section: str, cls) -> list[str]:
-    lines = []
-    for option in fields(cls):
-        if option.default is not MISSING:
-            default = f" (default: {option.default})"
-        elif option.default_factory is not MISSING:
-            default = f" (default: {option.default_factory()})"
-        else:
-            default = " (required)"
-        lines.append(f"  {section}.{option.name}{default}: {option.metadata['help']}")
-    return lines
+    return "\n".join(line for section, cls in sections for line in describe_fields(cls, section))
 
 
 def parse_config(argv: list[str] | None = None) -> RecipeConfig:
     """Read `--config` and the `key=value` overrides into a checked `RecipeConfig`."""
-    return read_config(build_parser().parse_args(argv))
+    return read_config(parse_command(argv))
 
 
-def read_config(args: argparse.Namespace) -> RecipeConfig:
-    """The checked `RecipeConfig` of parsed command-line arguments (`build_parser`)."""
-    path = Path(args.config)
+def parse_command(argv: list[str] | None = None) -> RecipeCommand:
+    """The command line `argv` (default: `sys.argv[1:]`) of recipes/train.py."""
+    return from_arguments(build_parser().parse_args(argv), RecipeCommand)
+
+
+def read_config(command: RecipeCommand) -> RecipeConfig:
+    """The checked `RecipeConfig` of a command line (`parse_command`)."""
+    path = Path(command.config)
     if not path.is_file():
         raise RecipeError(f"--config {path}: no such file")
     tree = yaml.safe_load(path.read_text()) or {}
-    for override in args.overrides:
+    for override in command.overrides:
         set_override(tree, override)
     config = from_dict(RecipeConfig, tree, "")
     check_values(config)
@@ -357,11 +289,13 @@ def check_values(config: RecipeConfig) -> None:
 __all__ = [
     "DataArguments",
     "ModelArguments",
+    "RecipeCommand",
     "RecipeConfig",
     "RecipeError",
     "Stage",
     "TrainingArguments",
     "build_parser",
+    "parse_command",
     "parse_config",
     "read_config",
 ]

@@ -42,17 +42,21 @@ from tqdm.auto import tqdm
 from transformers import PretrainedConfig
 
 from path_hf import PaTHLlamaAttention, PaTHLlamaConfig, PaTHLlamaForCausalLM
+from path_hf.atomic import replace_directory
 from path_hf.conversion.convert import convert
-from path_hf.conversion.errors import ConversionError
 from path_hf.conversion.loading import load_causal_lm, load_config, load_tokenizer
-from path_hf.conversion.options import ConvertOptions
+from path_hf.conversion.options import RUN_OPTIONS, ConvertOptions
+from path_hf.errors import ConversionError
 from path_hf.evaluation import (
     IGNORE_INDEX,
     PerplexityResult,
     Window,
     load_texts,
     make_windows,
+    plots,
     score_windows,
+    text_documents,
+    tokenize_documents,
     tokenize_stream,
 )
 from path_hf.modeling_path_llama import PATH_MODULES, packed_sequences
@@ -63,7 +67,7 @@ from path_hf.recipes.arguments import (
     RecipeError,
     Stage,
     TrainingArguments,
-    build_parser,
+    parse_command,
     read_config,
 )
 
@@ -128,7 +132,7 @@ def conversion_options(model_args: ModelArguments, output: str) -> ConvertOption
     known = {option.name: option for option in fields(ConvertOptions)}
     options = {}
     for key, value in model_args.convert.items():
-        if key not in known or key in ("source", "output", "dry_run", "verify", "force", "debug"):
+        if key not in known or key in RUN_OPTIONS:
             raise RecipeError(f"unknown key model.convert.{key}")
         parse = known[key].metadata.get("parse")
         options[key] = parse(str(value)) if parse and isinstance(value, (str, int)) else value
@@ -282,10 +286,10 @@ def load_documents(data: DataArguments) -> tuple[Dataset | IterableDataset, list
     """The training documents, and the held-out evaluation texts, which never enter training."""
     if data.dataset:
         documents = load_dataset(data.dataset, data.dataset_config, split=data.dataset_split, streaming=data.streaming)
-        columns = documents.column_names
-        if columns is not None and data.text_field not in columns:
-            raise RecipeError(f"data.text_field {data.text_field!r} is not a column of the data (columns: {columns})")
-        documents = documents.select_columns([data.text_field]).filter(lambda row: bool(row[data.text_field].strip()))
+        try:
+            documents = text_documents(documents, data.text_field, data.dataset)
+        except ValueError as error:
+            raise RecipeError(f"data.dataset: {error}") from error
     else:
         documents = _load_texts(data.train_files, data.text_field, "data.train_files", data.streaming)
     if data.eval_files:
@@ -304,10 +308,8 @@ def pack_documents(texts: list[str], tokenizer, block_size: int) -> dict[str, li
     """Tokenise `texts` (each followed by EOS) and cut the stream into blocks of `block_size` tokens, with
     `position_ids` restarting at 0 where a document (or a block) starts, which the models read as sequence
     boundaries, and `labels` ignoring each sequence's first token, which nothing in its sequence predicts."""
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     input_ids, position_ids = [], []
-    for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]:
-        ids = ids + eos
+    for ids in tokenize_documents(texts, tokenizer):
         input_ids += ids
         position_ids += range(len(ids))
     blocks = {"input_ids": [], "position_ids": [], "labels": []}
@@ -627,28 +629,12 @@ class JSONLTracker(GeneralTracker):
 def plot_recovery(state: RunState, path: Path, target_ratio: float | None) -> None:
     """recovery.png: perplexity ratio to the source against tokens seen, one line per evaluation length (the
     perplexity itself when there is no source model to compare with)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
     metric = "ratio" if state.source_ppl else "ppl"  # without a teacher there is no ratio: plot the perplexity
-    for length in state.history[0][metric]:
-        points = [(entry["tokens"], entry[metric][length]) for entry in state.history]
-        ax.plot(*zip(*points, strict=True), marker="o", label=f"eval at {length} block_size")
-    if state.source_ppl:
-        ax.axhline(1.0, color="gray", linestyle="--", linewidth=1, label="source model")
-    if target_ratio is not None and state.source_ppl:
-        ax.axhline(target_ratio, color="green", linestyle=":", linewidth=1, label=f"target {target_ratio:g}")
-    ax.set_xlabel("training tokens")
-    ax.set_ylabel("perplexity / source perplexity" if state.source_ppl else "perplexity")
-    ax.set_yscale("log")
-    ax.set_title("PaTH recovery")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    curves = {
+        f"eval at {length} block_size": [(entry["tokens"], entry[metric][length]) for entry in state.history]
+        for length in state.history[0][metric]
+    }
+    plots.plot_recovery(curves, path, ratio=bool(state.source_ppl), target=target_ratio)
 
 
 RUN_STATE = "run_state.json"  # the last file a checkpoint gets
@@ -717,28 +703,12 @@ def save_checkpoint(accelerator: Accelerator, state: RunState, output_dir: Path,
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (staging / RUN_STATE).write_text(json.dumps(asdict(state)))
-        sync_to_disk(staging)
-        if path.exists():  # an incomplete one of an earlier run, or this step saved again
-            shutil.rmtree(path)
-        staging.rename(path)
-        sync_to_disk(path.parent, recursive=False)
+        # over an incomplete one of an earlier run, or this step saved again
+        replace_directory(staging, path, old=path.with_name(f".{path.name}.old{STAGING}"), sync=True)
         for old in complete_checkpoints(output_dir)[:-keep]:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return path
-
-
-def sync_to_disk(directory: Path, recursive: bool = True) -> None:
-    """fsync the files under `directory` (if `recursive`) and the directory entries themselves (POSIX only)."""
-    paths = [*sorted(directory.rglob("*")), directory] if recursive else [directory]
-    for path in paths:
-        if path.is_dir() and os.name != "posix":
-            continue
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 # What DeepSpeed writes beside its shards: the text file naming them, and conversion scripts a resume never runs.
@@ -1110,8 +1080,8 @@ def save_final_model(model, tokenizer, accelerator: Accelerator, output_dir: Pat
 def main(argv: list[str] | None = None) -> int:
     """Run the recipe from the command line; a refused configuration prints `error: ...` and returns 1."""
     try:
-        args = build_parser().parse_args(argv)
-        train(read_config(args), force=args.force)
+        command = parse_command(argv)
+        train(read_config(command), force=command.force)
     except RecipeError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -16,24 +16,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread: no rayon
 
 import argparse
 import json
-import lzma
 import math
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tokenizers import ByteLevelBPETokenizer, processors
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from path_hf.evaluation import perplexity, read_texts, tokenize_stream
+
 HERE = Path(__file__).resolve().parent
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>"]  # ids 0, 1, 2
-
-
-def read_texts(path: Path) -> list[str]:
-    """The ``text`` field of every record of a ``.jsonl.xz`` file."""
-    with lzma.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line)["text"] for line in f]
 
 
 def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFast:
@@ -51,14 +45,6 @@ def train_tokenizer(texts: list[str], vocab_size: int) -> PreTrainedTokenizerFas
     )
 
 
-def pack(texts: list[str], tokenizer: PreTrainedTokenizerFast) -> torch.Tensor:
-    """One stream of token ids: ``<s> doc </s>`` for each document, in order."""
-    ids: list[int] = []
-    for ids_doc in tokenizer(texts, add_special_tokens=False)["input_ids"]:
-        ids += [tokenizer.bos_token_id, *ids_doc, tokenizer.eos_token_id]
-    return torch.tensor(ids, dtype=torch.long)
-
-
 def lr_at(step: int, max_steps: int, warmup: int, lr: float, min_lr: float) -> float:
     """Linear warmup to ``lr``, then cosine decay to ``min_lr`` at ``max_steps``."""
     if step < warmup:
@@ -67,18 +53,11 @@ def lr_at(step: int, max_steps: int, warmup: int, lr: float, min_lr: float) -> f
     return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * progress))
 
 
-@torch.no_grad()
-def perplexity(model: LlamaForCausalLM, stream: torch.Tensor, seq_len: int, max_windows: int | None = None) -> float:
-    """Perplexity over non-overlapping windows of ``seq_len`` tokens of ``stream``, each scored on its own."""
-    model.eval()
-    windows = stream[: len(stream) // seq_len * seq_len].view(-1, seq_len)[:max_windows]
-    nll, count = 0.0, 0
-    for window in windows:
-        logits = model(window[None]).logits[0, :-1].float()
-        nll += F.cross_entropy(logits, window[1:], reduction="sum").item()
-        count += seq_len - 1
-    model.train()
-    return math.exp(nll / count)
+def held_out_ppl(model: LlamaForCausalLM, stream: list[int], seq_len: int, max_windows: int | None = None) -> float:
+    """Perplexity over the first ``max_windows`` (default: all) whole non-overlapping windows of ``seq_len`` tokens of
+    ``stream``, each scored on its own (`path_hf.evaluation.perplexity`)."""
+    windows = len(stream) // seq_len if max_windows is None else min(max_windows, len(stream) // seq_len)
+    return perplexity(model, stream[: windows * seq_len], seq_len).ppl
 
 
 def main() -> None:
@@ -113,10 +92,12 @@ def main() -> None:
     torch.manual_seed(args.seed)
     start = time.time()
 
-    train_texts = read_texts(args.data_dir / "train.jsonl.xz")
-    eval_texts = read_texts(args.data_dir / "eval.jsonl.xz")
+    train_texts = read_texts([args.data_dir / "train.jsonl.xz"])
+    eval_texts = read_texts([args.data_dir / "eval.jsonl.xz"])
     tokenizer = train_tokenizer(train_texts, args.vocab_size)
-    train_ids, eval_ids = pack(train_texts, tokenizer), pack(eval_texts, tokenizer)
+    # One stream of `<s> document </s>`, in order.
+    train_ids = torch.tensor(tokenize_stream(train_texts, tokenizer), dtype=torch.long)
+    eval_ids = tokenize_stream(eval_texts, tokenizer)
 
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -194,7 +175,7 @@ def main() -> None:
             line = f"step {step:5d} | tokens {step * tokens_per_step:9,d} | loss {loss_value:.4f} | lr {lr:.2e} | "
             line += f"{tok_s:6.0f} tok/s | {(now - train_start) / 60:5.1f} min"
             if step % args.eval_every == 0:
-                record["eval_ppl_256"] = perplexity(model, eval_ids, args.seq_len, args.eval_windows)
+                record["eval_ppl_256"] = held_out_ppl(model, eval_ids, args.seq_len, args.eval_windows)
                 line += f" | held-out ppl@{args.seq_len} {record['eval_ppl_256']:.2f} ({args.eval_windows} windows)"
                 last_time = time.time()
             log(record, line)
@@ -208,7 +189,7 @@ def main() -> None:
 
     ppl = {}
     for length in args.final_lengths:
-        ppl[length] = perplexity(model, eval_ids, length)
+        ppl[length] = held_out_ppl(model, eval_ids, length)
         log(
             {"event": "final_eval", "seq_len": length, "ppl": ppl[length]},
             f"held-out ppl @ {length}: {ppl[length]:.2f}",

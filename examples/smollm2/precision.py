@@ -37,8 +37,8 @@ import torch
 from torch import nn
 
 import path_hf  # noqa: F401  (registers PaTHLlama with the Auto classes)
-from path_hf.conversion.errors import CommandError
 from path_hf.conversion.loading import load_causal_lm, load_tokenizer
+from path_hf.errors import CommandError
 from path_hf.evaluation import read_texts, tokenize_stream
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -196,6 +196,13 @@ def _forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Te
     return model(input_ids=input_ids.to(device), attention_mask=mask, use_cache=False).logits
 
 
+def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Negative log-likelihood `[B, T]` of `targets` `[B, T]` under `logits` `[B, T, V]` (0 where a target is
+    `IGNORE_INDEX`), in at least float32."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none")
+
+
 def _token_nll(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor, device
 ) -> torch.Tensor:
@@ -204,12 +211,7 @@ def _token_nll(
     are formed `_LOGITS_CHUNK` positions at a time (memory O(chunk x vocab), not O(T x vocab))."""
     mask = None if bool(attention_mask.all()) else attention_mask.to(device)
     input_ids, targets = input_ids.to(device), targets.to(device)
-
-    def nll(logits, chunk_targets):
-        return F.cross_entropy(
-            logits.transpose(1, 2).float(), chunk_targets, ignore_index=IGNORE_INDEX, reduction="none"
-        )
-
+    nll = token_nll
     if not _has_plain_head(model):
         return nll(model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits[:, :-1], targets)
     hidden = model.get_decoder()(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state[:, :-1]
@@ -379,15 +381,20 @@ def load_texts(files: Sequence[str | Path], text_field: str = "text", streaming:
         if _blank(file, builder):
             continue
         dataset = load_dataset(builder, data_files=[file], split="train", streaming=streaming, **kwargs)
-        columns = dataset.column_names
-        if columns is not None and text_field not in columns:
-            raise ValueError(f"{file} has no column {text_field!r} (columns: {columns}): set the text field")
-        parts.append(dataset.select_columns([text_field]))
+        parts.append(text_documents(dataset, text_field, file))
     if not parts:
         empty = Dataset.from_dict({text_field: []}, features=Features({text_field: Value("string")}))
         return empty.to_iterable_dataset() if streaming else empty
-    texts = parts[0] if len(parts) == 1 else concatenate_datasets(parts)
-    return texts.filter(lambda row: bool(row[text_field] and row[text_field].strip()))
+    return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+
+
+def text_documents(dataset, text_field: str, source: str):
+    """The non-empty documents of a `datasets` dataset (or `IterableDataset`), as its one column `text_field`. Raises
+    `ValueError` naming `source` when it has no such column."""
+    columns = dataset.column_names
+    if columns is not None and text_field not in columns:
+        raise ValueError(f"{source} has no column {text_field!r} (columns: {columns}): set the text field")
+    return dataset.select_columns([text_field]).filter(lambda row: bool(row[text_field] and row[text_field].strip()))
 
 
 def read_texts(files: Sequence[str | Path], text_field: str = "text") -> list[str]:
@@ -396,13 +403,18 @@ def read_texts(files: Sequence[str | Path], text_field: str = "text") -> list[st
     return list(load_texts(files, text_field)[text_field])
 
 
-def tokenize_stream(texts: Iterable[str], tokenizer, max_tokens: int | None = None) -> list[int]:
-    """`texts` tokenised as one stream, each document with the tokenizer's special tokens and followed by EOS, cut to
-    at most `max_tokens` tokens."""
+def tokenize_documents(texts: Sequence[str], tokenizer) -> list[list[int]]:
+    """The token ids of each of `texts` as the models read a document: with the tokenizer's special tokens (BOS) and
+    followed by EOS."""
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    return [ids + eos for ids in tokenizer(list(texts), add_special_tokens=True)["input_ids"]]
+
+
+def tokenize_stream(texts: Iterable[str], tokenizer, max_tokens: int | None = None) -> list[int]:
+    """`texts` tokenised as one stream of documents (`tokenize_documents`), cut to at most `max_tokens` tokens."""
     stream: list[int] = []
     for text in texts:
-        stream += tokenizer(text, add_special_tokens=True)["input_ids"] + eos
+        stream += tokenize_documents([text], tokenizer)[0]
         if max_tokens is not None and len(stream) >= max_tokens:
             break
     return stream if max_tokens is None else stream[:max_tokens]
@@ -549,48 +561,7 @@ def rope_scaling(
             parent.rotary_emb = module
 
 
-# Plot
-
-
-def plot_lengths(
-    results: dict[str, dict[int, float]],
-    path: str | Path,
-    train_length: int | None = None,
-    ylabel: str = "perplexity",
-    title: str = "Perplexity against context length",
-) -> None:
-    """A PNG of one line per model (`results[label][context_length] = value`) against the context length (log2
-    axis), with the training length marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, values in results.items():
-        lengths = sorted(values)
-        ax.plot(lengths, [values[n] for n in lengths], marker="o", label=label)
-    if train_length:
-        ax.axvline(train_length, color="gray", linestyle="--", linewidth=1, label=f"training length {train_length}")
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
-    plain = FuncFormatter(lambda value, _: f"{value:g}")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({n for values in results.values() for n in values}))
-    ax.xaxis.set_major_formatter(plain)
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel(ylabel)
-    if ylabel == "perplexity":
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
+from .plots import plot_lengths, plot_recovery  # noqa: E402
 
 __all__ = [
     "IGNORE_INDEX",
@@ -604,9 +575,13 @@ __all__ = [
     "passkey_windows",
     "perplexity",
     "plot_lengths",
+    "plot_recovery",
     "read_texts",
     "rope_parameters_for",
     "rope_scaling",
     "score_windows",
+    "text_documents",
+    "token_nll",
+    "tokenize_documents",
     "tokenize_stream",
 ]

@@ -25,22 +25,20 @@ The metrics are `path_hf.evaluation`'s, the same functions the recipes track rec
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import json
 import math
-import os
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from path_hf.evaluation import ROPE_SCALING_TYPES
 
-from ..conversion.errors import ConversionError, EvaluationError
-from ..conversion.options import argument_type
+from ..arguments import DTYPES
+from ..atomic import atomic_file
+from ..errors import ConversionError, EvaluationError
 
 
 @dataclass(frozen=True)
@@ -98,27 +96,80 @@ def parse_lengths(spec: str) -> tuple[int, ...]:
 
 @dataclass(kw_only=True)
 class EvalOptions:
-    """Everything `path-hf eval` was asked to do (one field per flag)."""
+    """Everything `path-hf eval` was asked to do: one field per flag (`path_hf.arguments`)."""
 
-    models: list[ModelSpec]
-    data: list[str]
-    lengths: tuple[int, ...]
-    tokenizer: str | None = None
-    text_field: str = "text"
-    max_tokens: int = 65536
-    stride: int | None = None
-    batch_size: int = 8
-    passkey_trials: int = 20
-    seed: int = 0
-    train_length: int | None = None
-    dtype: str = "float32"
-    device: str | None = None
-    trust_remote_code: bool = False
-    output: str | None = None
-    plot: str | None = None
-    force: bool = False
-    progress: bool = True
-    debug: bool = field(default=False, repr=False)
+    models: list[ModelSpec] = field(
+        metadata={
+            "flag": "--model",
+            "parse": ModelSpec.parse,
+            "repeat": True,
+            "metavar": "[LABEL=]PATH[@ROPE[:F]]",
+            "help": "a checkpoint (directory, hub id or llama.cpp .gguf file); repeat to compare models. @yarn, "
+            "@dynamic or @linear evaluate it with that RoPE scaling (factor F; default: length / train length for "
+            "yarn and linear, 1 for dynamic)",
+        }
+    )
+    data: list[str] = field(
+        metadata={
+            "nargs": "+",
+            "metavar": "FILE",
+            "help": ".txt, .jsonl or .parquet files (may be compressed), or directories of them",
+        }
+    )
+    lengths: tuple[int, ...] = field(
+        metadata={"parse": parse_lengths, "metavar": "N,N,...", "help": "context lengths in tokens"}
+    )
+    tokenizer: str | None = field(
+        default=None,
+        metadata={
+            "metavar": "PATH_OR_ID",
+            "help": "the tokenizer of every --model, for checkpoints saved without one (default: each model's own)",
+        },
+    )
+    text_field: str = field(default="text", metadata={"help": "column of JSON/parquet records (default: %(default)s)"})
+    max_tokens: int = field(
+        default=65536,
+        metadata={
+            "metavar": "N",
+            "help": "evaluate on the first N tokens of the data, the same tokens at every length (default: "
+            "%(default)s)",
+        },
+    )
+    stride: int | None = field(
+        default=None,
+        metadata={
+            "metavar": "S",
+            "help": "sliding windows that move by S tokens, each token scored once with up to length-1 tokens of "
+            "context (default: non-overlapping windows)",
+        },
+    )
+    batch_size: int = field(default=8, metadata={"help": "windows per forward pass (default: %(default)s)"})
+    passkey_trials: int = field(
+        default=20,
+        metadata={"metavar": "N", "help": "passkey prompts per length; 0 skips the test (default: %(default)s)"},
+    )
+    seed: int = field(default=0, metadata={"help": "seed of the passkey prompts (default: %(default)s)"})
+    train_length: int | None = field(
+        default=None,
+        metadata={
+            "metavar": "N",
+            "help": "the models' training context, for RoPE scaling, the plot and the table (default: from each "
+            "config)",
+        },
+    )
+    dtype: str = field(default="float32", metadata={"choices": DTYPES, "help": "dtype the models are loaded in"})
+    device: str | None = field(
+        default=None, metadata={"help": "cpu, cuda, cuda:1, ... (default: cuda when there is one)"}
+    )
+    trust_remote_code: bool = field(default=False, metadata={"help": "allow code shipped with a checkpoint"})
+    output: str | None = field(default=None, metadata={"metavar": "FILE.json", "help": "write every number as JSON"})
+    plot: str | None = field(
+        default=None,
+        metadata={"metavar": "FILE.png", "help": "plot perplexity against context length, one line a model"},
+    )
+    force: bool = field(default=False, metadata={"help": "replace --output / --plot if they exist"})
+    progress: bool = field(default=True, metadata={"negate": "--no-progress", "help": "no progress bars"})
+    debug: bool = field(default=False, repr=False, metadata={"help": "print the traceback of an error"})
 
     def check(self) -> None:
         """Refuse what cannot run before any model is loaded."""
@@ -144,82 +195,6 @@ class EvalOptions:
                 raise EvaluationError(f"{flag} {path} exists: pass --force to replace it, or choose another path")
             if path and not Path(path).resolve().parent.is_dir():
                 raise EvaluationError(f"{flag} {path}: its directory does not exist")
-
-
-def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        dest="models",
-        action="append",
-        required=True,
-        type=argument_type(ModelSpec.parse),
-        metavar="[LABEL=]PATH[@ROPE[:F]]",
-        help="a checkpoint (directory, hub id or llama.cpp .gguf file); repeat to compare models. @yarn, @dynamic or "
-        "@linear evaluate it with that RoPE scaling (factor F; default: length / train length for yarn and linear, "
-        "1 for dynamic)",
-    )
-    parser.add_argument(
-        "--tokenizer",
-        metavar="PATH_OR_ID",
-        help="the tokenizer of every --model, for checkpoints saved without one (default: each model's own)",
-    )
-    parser.add_argument(
-        "--data",
-        nargs="+",
-        required=True,
-        metavar="FILE",
-        help=".txt, .jsonl or .parquet files (may be compressed), or directories of them",
-    )
-    parser.add_argument(
-        "--lengths",
-        required=True,
-        type=argument_type(parse_lengths),
-        metavar="N,N,...",
-        help="context lengths in tokens",
-    )
-    parser.add_argument("--text-field", default="text", help="column of JSON/parquet records (default: %(default)s)")
-    parser.add_argument(
-        "--max-tokens",
-        type=int,
-        default=65536,
-        metavar="N",
-        help="evaluate on the first N tokens of the data, the same tokens at every length (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--stride",
-        type=int,
-        metavar="S",
-        help="sliding windows that move by S tokens, each token scored once with up to length-1 tokens of context "
-        "(default: non-overlapping windows)",
-    )
-    parser.add_argument("--batch-size", type=int, default=8, help="windows per forward pass (default: %(default)s)")
-    parser.add_argument(
-        "--passkey-trials",
-        type=int,
-        default=20,
-        metavar="N",
-        help="passkey prompts per length; 0 skips the test (default: %(default)s)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the passkey prompts (default: %(default)s)")
-    parser.add_argument(
-        "--train-length",
-        type=int,
-        metavar="N",
-        help="the models' training context, for RoPE scaling, the plot and the table (default: from each config)",
-    )
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda when there is one)")
-    parser.add_argument("--trust-remote-code", action="store_true", help="allow code shipped with a checkpoint")
-    parser.add_argument("--output", metavar="FILE.json", help="write every number as JSON")
-    parser.add_argument("--plot", metavar="FILE.png", help="plot perplexity against context length, one line a model")
-    parser.add_argument("--force", action="store_true", help="replace --output / --plot if they exist")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
-    parser.add_argument("--debug", action="store_true", help="print the traceback of an error")
-
-
-def options_from_args(args: argparse.Namespace) -> EvalOptions:
-    names = EvalOptions.__dataclass_fields__
-    return EvalOptions(**{name: getattr(args, name) for name in names if hasattr(args, name)})
 
 
 def _train_length(config, given: int | None) -> int | None:
@@ -437,22 +412,6 @@ def format_table(report: dict) -> str:
     return "\n".join(rows) + f"\n({note}; {report['windowing']})"
 
 
-def _write_atomically(path: str, write) -> None:
-    """`write(tmp_path)`, then rename onto `path`: a reader never sees a half-written file."""
-    target = Path(path)
-    handle, tmp = tempfile.mkstemp(dir=target.resolve().parent, prefix=f".{target.name}.", suffix=target.suffix)
-    os.close(handle)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; give it the permissions of any new file
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def run_eval(options: EvalOptions) -> dict:
     """Evaluate every model of `options`; print the table, write the JSON and the plot; returns the report."""
     from path_hf.evaluation import plot_lengths, read_texts
@@ -491,14 +450,16 @@ def run_eval(options: EvalOptions) -> dict:
     report["train_length"] = train_lengths.pop() if len(train_lengths) == 1 else None
     print(format_table(report))
     if options.output:
-        _write_atomically(options.output, lambda tmp: Path(tmp).write_text(json.dumps(report, indent=2) + "\n"))
+        with atomic_file(options.output) as tmp:
+            tmp.write_text(json.dumps(report, indent=2) + "\n")
     if options.plot:
         ppl = {
             label: {int(n): entry["ppl"] for n, entry in record["lengths"].items() if math.isfinite(entry["ppl"])}
             for label, record in report["models"].items()
         }
-        _write_atomically(options.plot, lambda tmp: plot_lengths(ppl, tmp, report["train_length"]))
+        with atomic_file(options.plot) as tmp:
+            plot_lengths(ppl, tmp, report["train_length"])
     return report
 
 
-__all__ = ["EvalOptions", "ModelSpec", "add_eval_arguments", "format_table", "parse_lengths", "run_eval"]
+__all__ = ["EvalOptions", "ModelSpec", "format_table", "parse_lengths", "run_eval"]

@@ -7,9 +7,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from path_hf.cli import build_parser
-from path_hf.conversion.errors import ConversionError
 from path_hf.conversion.io import SafetensorsWriter, TensorMeta, read_safetensors_header, split_into_shards
 from path_hf.conversion.options import ConvertOptions, format_layers, parse_layers, parse_size
+from path_hf.errors import ConversionError
 
 
 def test_writer_streams_tensors_and_raw_copies(tmp_path):

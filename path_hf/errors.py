@@ -18,4 +18,8 @@ class EvaluationError(CommandError):
     """`path-hf eval` was refused or failed; nothing was written."""
 
 
-__all__ = ["CommandError", "ConversionError", "EvaluationError"]
+class RecipeError(CommandError):
+    """A configuration the recipe refuses, or a run that cannot go on; the message names the field or the step."""
+
+
+__all__ = ["CommandError", "ConversionError", "EvaluationError", "RecipeError"]
