@@ -103,7 +103,7 @@ def test_rope_scaling_swaps_and_restores(llama):
 @pytest.mark.parametrize("kind", ["llama", "path"])
 def test_logits_formed_a_chunk_at_a_time_score_what_the_whole_logits_score(checkpoints, kind, monkeypatch):
     """Long windows form their logits a few positions at a time; the per-token scores are those of one forward."""
-    from path_hf import evaluation
+    from path_hf.evaluation import scoring as evaluation
 
     model = AutoModelForCausalLM.from_pretrained(checkpoints[kind]).eval()
     ids = torch.randint(0, model.config.vocab_size, (3, 23), generator=torch.Generator().manual_seed(0))

@@ -1,0 +1,293 @@
+# Copyright 2026 The path-hf authors. Apache-2.0.
+"""Scoring a causal LM on windows of token ids: perplexity over fixed-length windows (non-overlapping, or sliding
+with each token scored once), per position in the window too, and the causality probe `path-hf eval` refuses models
+with.
+
+The text is cut into windows of `context_length` tokens; the model scores every token of a window but the first from
+the tokens before it in the same window, and the negative log-likelihoods are summed in float32 (float64 totals).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class Window:
+    """One model input: `input_ids` `[T]`, and `labels` `[T]` holding the ids of the tokens scored in this window and
+    `IGNORE_INDEX` elsewhere (context scored by an earlier window; the first token, which has no context)."""
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+
+    @property
+    def scored(self) -> int:
+        """How many tokens this window scores: its labels, but the first, which nothing predicts."""
+        return int((self.labels[1:] != IGNORE_INDEX).sum())
+
+
+@dataclass(frozen=True)
+class PerplexityResult:
+    """Summed negative log-likelihood (nats) and the number of tokens it is over; `ppl = exp(nll_sum / tokens)`.
+
+    `position_nll` / `position_tokens` hold the same sums per position in the window (index p: the token at position p
+    of its window), so that `ppl_between(start, end)` gives the perplexity of the tokens read with `start` to `end - 1`
+    tokens before them in the window, e.g. those beyond a model's training length.
+    """
+
+    nll_sum: float
+    tokens: int
+    position_nll: tuple[float, ...] = field(default=(), repr=False)
+    position_tokens: tuple[int, ...] = field(default=(), repr=False)
+
+    @property
+    def nll(self) -> float:
+        """Mean negative log-likelihood per token (nats)."""
+        return self.nll_sum / self.tokens if self.tokens else math.nan
+
+    @property
+    def ppl(self) -> float:
+        return math.exp(self.nll)
+
+    def ppl_between(self, start: int, end: int | None = None) -> float:
+        """Perplexity of the tokens at positions `[start, end)` of their windows (`nan` if there are none)."""
+        nll, tokens = sum(self.position_nll[start:end]), sum(self.position_tokens[start:end])
+        return math.exp(nll / tokens) if tokens else math.nan
+
+    def __add__(self, other: PerplexityResult) -> PerplexityResult:
+        def add(a: tuple, b: tuple) -> tuple:
+            longer, shorter = (a, b) if len(a) >= len(b) else (b, a)
+            return tuple(x + (shorter[i] if i < len(shorter) else 0) for i, x in enumerate(longer))
+
+        return PerplexityResult(
+            self.nll_sum + other.nll_sum,
+            self.tokens + other.tokens,
+            add(self.position_nll, other.position_nll),
+            add(self.position_tokens, other.position_tokens),
+        )
+
+
+def _documents(token_ids) -> list[torch.Tensor]:
+    """One stream (a 1-D tensor or a list of ints) or a list of documents -> a list of 1-D LongTensors."""
+    if isinstance(token_ids, torch.Tensor):
+        if token_ids.ndim != 1:
+            raise ValueError(f"token_ids must be 1-D (one stream) or a list of documents, got shape {token_ids.shape}")
+        return [token_ids.long()]
+    token_ids = list(token_ids)
+    if token_ids and all(isinstance(token, int) for token in token_ids):
+        return [torch.tensor(token_ids, dtype=torch.long)]
+    return [torch.as_tensor(document, dtype=torch.long) for document in token_ids]
+
+
+def make_windows(token_ids, context_length: int, stride: int | None = None) -> list[Window]:
+    """Cut `token_ids` (one stream, or a list of documents, each cut on its own) into windows of at most
+    `context_length` tokens.
+
+    `stride=None` (or `context_length`): non-overlapping windows; the first token of each window is not scored. A
+    smaller `stride` slides the window by `stride` tokens and scores only the tokens no earlier window scored, so each
+    token after a document's first is scored exactly once, with up to `context_length - 1` tokens of context (the
+    sliding-window evaluation of transformers' perplexity guide).
+    """
+    stride = context_length if stride is None else stride
+    if context_length < 2:
+        raise ValueError(f"context_length must be at least 2 (one token of context, one scored), got {context_length}")
+    if not 1 <= stride <= context_length:
+        raise ValueError(f"stride must be in [1, context_length={context_length}], got {stride}")
+    windows = []
+    for document in _documents(token_ids):
+        scored_until = 0  # tokens [0, scored_until) of the document have been scored (or are its first token)
+        for begin in range(0, len(document), stride):
+            end = min(begin + context_length, len(document))
+            input_ids = document[begin:end]
+            labels = input_ids.clone()
+            labels[: max(scored_until - begin, 0)] = IGNORE_INDEX
+            window = Window(input_ids, labels)
+            if window.scored:
+                windows.append(window)
+            scored_until = end
+            if end == len(document):
+                break
+    return windows
+
+
+def window_batches(
+    windows: Sequence[Window], batch_size: int
+) -> Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Right-padded `(input_ids, attention_mask, labels)` batches of `windows`."""
+    for start in range(0, len(windows), batch_size):
+        batch = windows[start : start + batch_size]
+        length = max(len(window.input_ids) for window in batch)
+        input_ids = torch.zeros(len(batch), length, dtype=torch.long)
+        labels = torch.full((len(batch), length), IGNORE_INDEX, dtype=torch.long)
+        attention_mask = torch.zeros(len(batch), length, dtype=torch.long)
+        for row, window in enumerate(batch):
+            n = len(window.input_ids)
+            input_ids[row, :n], labels[row, :n], attention_mask[row, :n] = window.input_ids, window.labels, 1
+        yield input_ids, attention_mask, labels
+
+
+def progress_bar(iterable, total: int, desc: str, enabled: bool):
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, leave=False, disable=None)  # None: only on a terminal
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[torch.device]:
+    """`model` in eval mode for the block (restored after); yields the device of its parameters."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield next(model.parameters()).device
+    finally:
+        model.train(was_training)
+
+
+# Positions whose logits are formed at once when scoring: a 32k-token window of a 128k vocabulary would otherwise hold
+# 16 GB of float32 logits.
+_LOGITS_CHUNK = 2048
+
+
+def _has_plain_head(model: nn.Module) -> bool:
+    """Whether `model`'s logits are `lm_head(decoder output)`, with no soft-capping or scaling after the head, so that
+    they can be formed a chunk of positions at a time."""
+    config = getattr(model, "config", None)
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None) not in (None, 1, 1.0):
+        return False
+    try:
+        return model.get_decoder() is not None and isinstance(model.get_output_embeddings(), nn.Linear)
+    except (AttributeError, NotImplementedError):
+        return False
+
+
+def forward_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, device) -> torch.Tensor:
+    """Logits of a right-padded batch; full batches of equal length get no mask."""
+    mask = None if bool(attention_mask.all()) else attention_mask.to(device)
+    return model(input_ids=input_ids.to(device), attention_mask=mask, use_cache=False).logits
+
+
+def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Negative log-likelihood `[B, T]` of `targets` `[B, T]` under `logits` `[B, T, V]` (0 where a target is
+    `IGNORE_INDEX`), in at least float32."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none")
+
+
+def _token_nll(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor, device
+) -> torch.Tensor:
+    """Negative log-likelihood `[B, T - 1]` of `targets` (the next token at each position, `IGNORE_INDEX` where not
+    scored) for a right-padded batch; full batches of equal length get no mask. Where the head allows it, the logits
+    are formed `_LOGITS_CHUNK` positions at a time (memory O(chunk x vocab), not O(T x vocab))."""
+    mask = None if bool(attention_mask.all()) else attention_mask.to(device)
+    input_ids, targets = input_ids.to(device), targets.to(device)
+    nll = token_nll
+    if not _has_plain_head(model):
+        return nll(model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits[:, :-1], targets)
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state[:, :-1]
+    head = model.get_output_embeddings()
+    return torch.cat(
+        [
+            nll(head(hidden[:, start : start + _LOGITS_CHUNK]), targets[:, start : start + _LOGITS_CHUNK])
+            for start in range(0, hidden.shape[1], _LOGITS_CHUNK)
+        ],
+        dim=1,
+    )
+
+
+@torch.no_grad()
+def score_windows(
+    model: nn.Module, windows: Sequence[Window], batch_size: int = 8, progress: bool = False
+) -> PerplexityResult:
+    """Summed negative log-likelihood of the scored tokens of `windows` under `model` (any causal LM whose forward
+    takes `input_ids`, `attention_mask` and returns `.logits`), in batches of `batch_size` windows, in total and per
+    position in the window.
+
+    The model is put in eval mode for the call and restored after. Windows of different lengths in one batch are
+    right-padded (with an attention mask); full batches of equal length get no mask.
+    """
+    longest = max((len(window.input_ids) for window in windows), default=1)
+    position_nll = torch.zeros(longest, dtype=torch.float64)
+    position_tokens = torch.zeros(longest, dtype=torch.long)
+    batches = progress_bar(
+        window_batches(windows, batch_size), math.ceil(len(windows) / batch_size), "perplexity", progress
+    )
+    with eval_mode(model) as device:
+        for input_ids, attention_mask, labels in batches:
+            targets = labels[:, 1:]
+            nll = _token_nll(model, input_ids, attention_mask, targets, device)  # [B, T-1]: position t+1's token
+            width = nll.shape[1]
+            position_nll[1 : width + 1] += nll.sum(0).double().cpu()
+            position_tokens[1 : width + 1] += (targets != IGNORE_INDEX).sum(0).cpu()
+    return PerplexityResult(
+        position_nll.sum().item(),
+        int(position_tokens.sum()),
+        tuple(position_nll.tolist()),
+        tuple(position_tokens.tolist()),
+    )
+
+
+def perplexity(
+    model: nn.Module,
+    token_ids,
+    context_length: int,
+    stride: int | None = None,
+    batch_size: int = 8,
+    progress: bool = False,
+) -> PerplexityResult:
+    """Perplexity of `model` on `token_ids` (a 1-D tensor or list of ints: one stream; a list of those: documents,
+    never attending across each other) over windows of `context_length` tokens.
+
+    Args:
+        model: a causal LM (`AutoModelForCausalLM.from_pretrained(...)` or any module returning `.logits`).
+        token_ids: the text, tokenised.
+        context_length: tokens per window.
+        stride: `None` for non-overlapping windows; smaller for sliding windows (see `make_windows`).
+        batch_size: windows per forward pass.
+        progress: show a progress bar.
+
+    Returns:
+        A `PerplexityResult` (`nll_sum`, `tokens`, `nll`, `ppl`).
+    """
+    return score_windows(model, make_windows(token_ids, context_length, stride), batch_size, progress)
+
+
+@torch.no_grad()
+def attends_causally(model: nn.Module, length: int = 16, seed: int = 0) -> bool:
+    """Whether each position's logits depend only on the tokens up to it, as a causal LM's do. Works for any
+    architecture, at the cost of one forward of three `length`-token sequences: random token ids twice, and once with
+    their second half changed. The first half's logits must not change by more than the two identical rows differ
+    (float noise of the kernels; none on CPU) plus 1e-5 of their size. A bidirectional encoder with an LM head (BERT
+    loaded as `BertLMHeadModel`) fails: even a tiny random one moves them by 1e-3 of their size, a trained one by far
+    more."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab, half = model.get_input_embeddings().num_embeddings, length // 2
+    input_ids = torch.randint(vocab, (length,), generator=generator).repeat(3, 1)
+    input_ids[2, half:] = (input_ids[2, half:] + torch.randint(1, vocab, (length - half,), generator=generator)) % vocab
+    with eval_mode(model) as device:
+        logits = model(input_ids=input_ids.to(device), use_cache=False).logits[:, :half].float()
+    noise, change = (logits[0] - logits[1]).abs().max(), (logits[0] - logits[2]).abs().max()
+    return bool(change <= 10 * noise + 1e-5 * logits[0].abs().max())
+
+
+__all__ = [
+    "IGNORE_INDEX",
+    "PerplexityResult",
+    "Window",
+    "attends_causally",
+    "make_windows",
+    "perplexity",
+    "score_windows",
+    "token_nll",
+]
