@@ -271,29 +271,13 @@ def check_model(spec: ModelSpec, options: EvalOptions) -> None:
         )
 
 
-def evaluate_model(
-    spec: ModelSpec, options: EvalOptions, texts: list[str], unscaled: dict[str, dict] | None = None
-) -> dict:
-    """Load one model and measure it at every length; returns its JSON record.
+def _tokens(spec: ModelSpec, options: EvalOptions, texts: list[str]):
+    """The tokenizer `spec` is evaluated with, and the first `--max-tokens` tokens of the data in it; refuses a
+    tokenizer without a vocabulary, one that does not fit the text, and too little text for the longest length."""
+    from path_hf.evaluation import tokenize_stream
 
-    `unscaled`: the record of the same checkpoint evaluated without RoPE scaling in this run, if any. At the lengths
-    where this spec's scaling is the identity, its entries are taken from there (marked `same_as_unscaled`) instead of
-    being computed again."""
-    import torch
+    from ..conversion.loading import load_tokenizer
 
-    import path_hf  # noqa: F401  (registers PaTHLlama with the Auto classes)
-    from path_hf.evaluation import (
-        attends_causally,
-        make_windows,
-        passkey_accuracy,
-        rope_scaling,
-        score_windows,
-        tokenize_stream,
-    )
-
-    from ..conversion.loading import load_causal_lm, load_tokenizer
-
-    device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     flag, source = _tokenizer_source(spec, options)
     with _loading(flag, source):
         tokenizer = load_tokenizer(source, trust_remote_code=options.trust_remote_code)
@@ -314,6 +298,18 @@ def evaluate_model(
             f"--data holds {len(stream)} tokens for {spec.label}'s tokenizer, fewer than the longest length "
             f"{options.lengths[-1]}: give more text or drop the longer lengths"
         )
+    return tokenizer, stream
+
+
+def _model(spec: ModelSpec, options: EvalOptions, device: str):
+    """The causal LM of `spec` on `device`, refused if it attends in both directions."""
+    import torch
+
+    import path_hf  # noqa: F401  (registers PaTHLlama with the Auto classes)
+    from path_hf.evaluation import attends_causally
+
+    from ..conversion.loading import load_causal_lm
+
     with _loading("--model", spec.path):
         model = load_causal_lm(
             spec.path, getattr(torch, options.dtype), trust_remote_code=options.trust_remote_code
@@ -322,12 +318,62 @@ def evaluate_model(
         raise EvaluationError(
             f"--model {spec.path} ({type(model).__name__}) attends in both directions: not a causal decoder"
         )
+    return model
+
+
+def _measure(model, tokenizer, stream: list[int], length: int, factor: float | None, options: EvalOptions) -> dict:
+    """Perplexity (and passkey accuracy) of `model` as it is at one context length (`factor`: its RoPE scaling's)."""
+    from path_hf.evaluation import make_windows, passkey_accuracy, score_windows
+
+    windows = make_windows(stream, length, options.stride)
+    result = score_windows(model, windows, options.batch_size, progress=options.progress)
+    entry = {
+        "ppl": result.ppl,
+        "nll": result.nll,
+        "tokens": result.tokens,
+        "windows": len(windows),
+        # the tokens read with at least half a window of context: those past the training length at 2x+
+        "ppl_second_half": result.ppl_between(length // 2),
+    }
+    if factor is not None:
+        entry["rope_factor"] = factor
+    if options.passkey_trials:
+        try:
+            entry["passkey"] = passkey_accuracy(
+                model,
+                tokenizer,
+                context_length=length,
+                trials=options.passkey_trials,
+                seed=options.seed,
+                batch_size=options.batch_size,
+                progress=options.progress,
+            )
+        except ValueError as error:  # a length too short for the prompt
+            entry["passkey"], entry["passkey_error"] = None, str(error)
+    return entry
+
+
+def evaluate_model(
+    spec: ModelSpec, options: EvalOptions, texts: list[str], unscaled: dict[str, dict] | None = None
+) -> dict:
+    """Load one model and measure it at every length; returns its JSON record.
+
+    `unscaled`: the record of the same checkpoint evaluated without RoPE scaling in this run, if any. At the lengths
+    where this spec's scaling is the identity, its entries are taken from there (marked `same_as_unscaled`) instead of
+    being computed again."""
+    import torch
+
+    from path_hf.evaluation import rope_scaling
+
+    device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer, stream = _tokens(spec, options, texts)
+    model = _model(spec, options, device)
     train_length = _train_length(model.config, options.train_length)
     if spec.rope_scaling and not train_length:
         raise EvaluationError(f"--model {spec.label}: RoPE scaling needs the training length: pass --train-length")
     record = {
         "path": spec.path,
-        "tokenizer": source,
+        "tokenizer": _tokenizer_source(spec, options)[1],
         "model_type": model.config.model_type,
         "rope_scaling": spec.rope_scaling,
         "train_length": train_length,
@@ -354,31 +400,7 @@ def evaluate_model(
         except ValueError as error:
             raise EvaluationError(f"--model {spec.label}: {error}") from error
         with scaled or contextlib.nullcontext():
-            windows = make_windows(stream, length, options.stride)
-            result = score_windows(model, windows, options.batch_size, progress=options.progress)
-            entry = {
-                "ppl": result.ppl,
-                "nll": result.nll,
-                "tokens": result.tokens,
-                "windows": len(windows),
-                # the tokens read with at least half a window of context: those past the training length at 2x+
-                "ppl_second_half": result.ppl_between(length // 2),
-            }
-            if factor is not None:
-                entry["rope_factor"] = factor
-            if options.passkey_trials:
-                try:
-                    entry["passkey"] = passkey_accuracy(
-                        model,
-                        tokenizer,
-                        length,
-                        options.passkey_trials,
-                        options.seed,
-                        options.batch_size,
-                        options.progress,
-                    )
-                except ValueError as error:  # a length too short for the prompt
-                    entry["passkey"], entry["passkey_error"] = None, str(error)
+            entry = _measure(model, tokenizer, stream, length, factor, options)
         entry["seconds"] = round(time.perf_counter() - started, 2)
         record["lengths"][str(length)] = entry
         passkey = entry.get("passkey")
