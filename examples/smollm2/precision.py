@@ -37,11 +37,10 @@ import torch
 from torch import nn
 
 import path_hf  # noqa: F401  (registers PaTHLlama with the Auto classes)
+from path_hf.arguments import DTYPES
 from path_hf.conversion.loading import load_causal_lm, load_tokenizer
 from path_hf.errors import CommandError
 from path_hf.evaluation import read_texts, tokenize_stream
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _hidden_states(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
@@ -199,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", nargs="+", default=[str(default_data)], help="text files (default: %(default)s)")
     parser.add_argument("--length", type=int, nargs="+", default=[512], help="window lengths (default: 512)")
     parser.add_argument("--windows", type=int, default=1, help="windows per length (default: 1)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="dtype compared (default: bf16)")
+    parser.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="dtype compared (default: bf16)")
     parser.add_argument(
         "--weights-only", action="store_true", help="compute in float32 with the weights rounded to --dtype"
     )
@@ -212,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             stream = tokenize_stream(texts, load_tokenizer(str(model)), max_tokens=max(args.length) * args.windows)
             for length in args.length:
                 result = precision_drift(
-                    model, stream, length, args.windows, DTYPES[args.dtype], weights_only=args.weights_only
+                    model, stream, length, args.windows, getattr(torch, args.dtype), weights_only=args.weights_only
                 )
                 print(json.dumps(result), flush=True)
                 results.append(result)
