@@ -37,7 +37,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+from transformers.dynamic_module_utils import get_relative_import_files
 
+from path_hf import ops
 from path_hf.ops import path_attention
 
 METHODS = ("sdpa", "path")
@@ -173,11 +175,12 @@ def measure_memory(cases: list[Case], args: argparse.Namespace) -> list[dict[str
 
 
 def git_commit() -> str:
-    """The checkout's commit, "-dirty" when path_hf/ops.py (what this measures) has uncommitted changes."""
+    """The checkout's commit, "-dirty" when the files of path_hf.ops (what this measures: ops.py and the files it
+    imports relatively) have uncommitted changes."""
     root = Path(__file__).resolve().parent.parent
     git = ["git", "-C", str(root)]
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    status = [*git, "status", "--porcelain", "path_hf/ops.py"]
+    status = [*git, "status", "--porcelain", "--", ops.__file__, *get_relative_import_files(ops.__file__)]
     dirty = subprocess.run(status, capture_output=True, text=True).stdout.strip()
     return (head or "unknown") + ("-dirty" if dirty else "")
 

@@ -12,38 +12,46 @@ One optimizer-free training step is timed in parts, on random token blocks, afte
 The PaTH core (`path_attention`'s torch backend) is timed inside the forward, and its forward + backward on the same
 shapes on its own. Prints a Markdown table (seconds per step, tokens/s, the ratio to "before" measured in the same run).
 
-`--ops-before COMMIT` adds the case `align-whole@COMMIT`: the whole-student align with `path_hf/ops.py` as it was at
-that commit (read with `git show`, loaded as a module of its own), the recipe as it stood before this work.
+`--ops-before COMMIT` adds the case `align-whole@COMMIT`: the whole-student align with path_hf.ops as it was at
+that commit (`path_hf/ops.py` and the files it imports relatively, read with `git show`, loaded as a package of their
+own), the recipe as it stood before this work.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
+import importlib
+import re
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 
 import torch
+from transformers.dynamic_module_utils import get_relative_imports
+
+from path_hf import modeling_path_llama, ops
+from path_hf.recipes import train
+from path_hf.recipes.arguments import TrainingArguments
 
 ROOT = Path(__file__).resolve().parents[1]
-from arguments import TrainingArguments  # noqa: E402
-
-from path_hf import modeling_path_llama, ops  # noqa: E402
-from path_hf.recipes import train  # noqa: E402
 
 
 class CoreTimer:
     """Accumulates the wall time spent in the torch backend's PaTH attention forward (of `module`, ops by default)."""
 
     module = ops
+    # The torch backend's function: the name in ops.py that path_attention calls (before issue 12, the second).
+    BACKEND_NAMES = ("chunk_path_attention", "_chunked_path_attention")
 
     def __init__(self):
         self.seconds = 0.0
-        self._original = self.module._chunked_path_attention
+        self._name = next(name for name in self.BACKEND_NAMES if hasattr(self.module, name))
+        self._original = getattr(self.module, self._name)
 
     def __enter__(self) -> CoreTimer:
         def timed(*args, **kwargs):
@@ -53,25 +61,40 @@ class CoreTimer:
             finally:
                 self.seconds += time.perf_counter() - started
 
-        self.module._chunked_path_attention = timed
+        setattr(self.module, self._name, timed)
         return self
 
     def __exit__(self, *exc) -> None:
-        self.module._chunked_path_attention = self._original
+        setattr(self.module, self._name, self._original)
+
+
+def load_ops_at(commit: str) -> ModuleType:
+    """path_hf.ops as it was at `commit`: ops.py and the files it imports relatively, whichever that commit has (one
+    file before issue 12, several since), written to a package of their own and imported from there."""
+    package = "ops_at_" + re.sub(r"\W", "_", commit)
+    with tempfile.TemporaryDirectory() as directory:
+        folder = Path(directory) / package
+        folder.mkdir()
+        (folder / "__init__.py").touch()
+        pending = ["ops"]
+        while pending:
+            file = folder / f"{pending.pop()}.py"
+            if not file.exists():
+                show = ["git", "show", f"{commit}:path_hf/{file.name}"]
+                file.write_text(subprocess.run(show, cwd=ROOT, check=True, capture_output=True, text=True).stdout)
+                pending += get_relative_imports(file)
+        importlib.invalidate_caches()
+        sys.path.insert(0, directory)
+        try:  # the files import all they need now: the directory may go
+            return importlib.import_module(f"{package}.ops")
+        finally:
+            sys.path.remove(directory)
 
 
 @contextlib.contextmanager
 def ops_at(commit: str):
-    """The PaTH layers run `path_attention` of `path_hf/ops.py` as it was at `commit`, within this context."""
-    source = subprocess.run(
-        ["git", "show", f"{commit}:path_hf/ops.py"], cwd=ROOT, check=True, capture_output=True, text=True
-    ).stdout
-    with tempfile.NamedTemporaryFile("w", suffix=".py") as file:
-        file.write(source)
-        file.flush()
-        spec = importlib.util.spec_from_file_location(f"ops_{commit}", file.name)
-        old = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(old)
+    """The PaTH layers run `path_attention` of path_hf.ops as it was at `commit`, within this context."""
+    old = load_ops_at(commit)
     current = modeling_path_llama.path_attention
     modeling_path_llama.path_attention, CoreTimer.module = old.path_attention, old
     try:
@@ -194,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trainable", default="attention", choices=("path", "attention"))
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     parser.add_argument("--cases", default="align-whole,align-isolated,distill,core")
-    parser.add_argument("--ops-before", metavar="COMMIT", help="also time align-whole with ops.py of COMMIT")
+    parser.add_argument("--ops-before", metavar="COMMIT", help="also time align-whole with path_hf.ops of COMMIT")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

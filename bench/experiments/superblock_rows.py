@@ -14,7 +14,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from path_hf.ops import _chunk_householder, _from_chunks, _to_chunks, path_attention
+from path_hf.ops import path_attention
+from path_hf.ops_chunk import _chunk_householder, _from_chunks, _to_chunks
 
 
 @torch.no_grad()
@@ -71,8 +72,8 @@ def time_length(T: int) -> None:
     runs = {
         "sdpa": partial(F.scaled_dot_product_attention, qt, kt, vt, is_causal=True),
         "path_attention": partial(path_attention, q, k, v, w, beta, backend="torch"),
-        "rows C=64 S=4": partial(superblock_rows, q, k, v, w, beta, 64, 4),
-        "rows C=64 S=8": partial(superblock_rows, q, k, v, w, beta, 64, 8),
+        "rows C=64 S=4": partial(superblock_rows, q, k, v, w, beta, chunk_size=64, superblock=4),
+        "rows C=64 S=8": partial(superblock_rows, q, k, v, w, beta, chunk_size=64, superblock=8),
     }
     times = {name: [] for name in runs}
     with torch.no_grad():

@@ -396,16 +396,16 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 def test_gradient_checkpointing_runs_the_walk_twice(monkeypatch):
     """A checkpointed layer is recomputed in backward, so the torch backend keeps its walk's activations rather than
     recompute the walk once more: two walks per layer and step (forward, recompute), as without checkpointing."""
-    from path_hf import ops
+    from path_hf import ops_chunk
 
-    monkeypatch.setattr(ops, "_CHECKPOINT_ABOVE_BYTES", 0)  # by default, every walk is recomputed
+    monkeypatch.setattr(ops_chunk, "_CHECKPOINT_ABOVE_BYTES", 0)  # by default, every walk is recomputed
     runs = []
-    walk_segment = ops._walk_segment
+    walk_segment = ops_chunk._walk_segment
 
     def counting_walk_segment(walk, recompute, *state):
         return walk_segment(lambda *args: runs.append(1) or walk(*args), recompute, *state)
 
-    monkeypatch.setattr(ops, "_walk_segment", counting_walk_segment)
+    monkeypatch.setattr(ops_chunk, "_walk_segment", counting_walk_segment)
     model = tiny_model().train()
     ids = random_tokens(1, 200)  # 4 chunks of 64: one segment of the walk per layer
 

@@ -94,11 +94,16 @@ def test_torch_backend_gradients_with_and_without_recomputation(long_walk, recom
     """By default long walks keep only segment boundaries for backward and recompute the steps, and short ones keep
     every step; `recompute` overrides. All give the reference's gradients, over several segments (19 chunks, 8 steps
     a segment)."""
-    from path_hf import ops
+    from path_hf import ops_chunk
 
-    monkeypatch.setattr(ops, "_CHECKPOINT_ABOVE_BYTES", 0 if long_walk else 2**62)
+    monkeypatch.setattr(ops_chunk, "_CHECKPOINT_ABOVE_BYTES", 0 if long_walk else 2**62)
     calls = []
-    monkeypatch.setattr(ops, "checkpoint", lambda *args, **kwargs: calls.append(1) or torch_checkpoint(*args, **kwargs))
+
+    def counting_checkpoint(*args, **kwargs):
+        calls.append(1)
+        return torch_checkpoint(*args, **kwargs)
+
+    monkeypatch.setattr(ops_chunk, "checkpoint", counting_checkpoint)
     x = make_inputs(1, 300, 4, 2, 16, 16, gate=True, seed=5)
     do = torch.randn(1, 300, 4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     ref, ref_grads = forward_backward(path_attention_reference, x, do)

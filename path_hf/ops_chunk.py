@@ -1,0 +1,448 @@
+# Copyright 2026 The path-hf authors. Apache-2.0.
+"""The torch backend of `path_attention`: PaTH attention chunked in PyTorch, on any device and head dim.
+
+Three steps, as FLA splits its chunked kernels:
+- intra-chunk transform (`_intra_chunk`): the UT transform of each chunk's Householder product, the logits within
+  a chunk and the queries moved back to their chunk's start;
+- inter-chunk walk (`_inter_chunk`): the block diagonals, one step each, with an online softmax and, for backward,
+  activation checkpoints every `_STEPS_PER_CHECKPOINT` steps;
+- key-cache preparation (`_key_cache`): the fully transformed keys a decode starts from, per packed sequence.
+Everything runs in fp32 (or wider) with memory O(T * chunk); `chunk_path_attention` is the entry point, which
+`path_attention` calls after checking its inputs.
+
+A flat file, as `ops.py` explains: a checkpoint's remote code copies it beside the weights.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from itertools import pairwise
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+# Block diagonals walked between two activation checkpoints when training, when the walk would keep more than
+# _CHECKPOINT_ABOVE_BYTES for backward (short sequences keep everything: no recomputation) and the caller does not
+# say otherwise (`recompute`).
+_STEPS_PER_CHECKPOINT = 8
+_CHECKPOINT_ABOVE_BYTES = 32 * 2**20
+
+# The values of the cu_seqlens seen last: (weak reference to the tensor, its version counter, its values).
+_cu_seqlens_on_host: tuple[weakref.ref, int | None, list[int]] | None = None
+
+
+def _host_cu_seqlens(cu_seqlens: torch.Tensor) -> list[int]:
+    """cu_seqlens' values as Python ints. Reading them syncs with the device, so they are kept for the tensor read last
+    (by identity, as FLA's `tensor_cache`): a model hands the same tensor to every layer, which then read it once."""
+    global _cu_seqlens_on_host
+    version = None if cu_seqlens.is_inference() else cu_seqlens._version  # inference tensors keep no version
+    cached = _cu_seqlens_on_host
+    if cached is not None and cached[0]() is cu_seqlens and cached[1] == version:
+        return cached[2]
+    values = cu_seqlens.tolist()
+    _cu_seqlens_on_host = (weakref.ref(cu_seqlens), version, values)
+    return values
+
+
+def _segment_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """Sequence index of each of `total` positions; positions past cu_seqlens[-1] get -1."""
+    ids = torch.full((total,), -1, dtype=torch.long, device=cu_seqlens.device)
+    lengths, end = cu_seqlens[1:] - cu_seqlens[:-1], _host_cu_seqlens(cu_seqlens)[-1]
+    segments = torch.arange(len(lengths), device=ids.device)
+    ids[:end] = torch.repeat_interleave(segments, lengths, output_size=end)  # output_size: no sync
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Intra-chunk transform
+#
+# The sequence is cut into N chunks of C tokens. Within chunk n, with local positions 1..C, the UT transform gives
+# the product of its Householder matrices in closed form. With L the strictly lower part of diag(beta) W W^T and
+# T_n = (I + L)^{-1}:
+#   U = T_n diag(beta) W                    H_s ... H_1 = I - W^T U[:s]     (prefix products, any s)
+#   c = T_n tril_{-1}(diag(beta) W K^T)     H_i ... H_{j+1} k_j = k_j - sum_{j<s<=i} c_sj w_s
+# so that:
+#   intra-chunk logits  A_ij = q_i.k_j - sum_{s<=i} (q_i.w_s) c_sj                 (j <= i)
+#   q~_i = H_1 ... H_i q_i  (query moved back to the chunk start)   = q_i - (tril(Q W^T) U)_i
+#   k~_j = H_C ... H_{j+1} k_j  (key moved to the chunk end)       = k_j - (c^T W)_j
+#   P_n  = H_C ... H_1 = I - W^T U  (D x D)
+# and a query in chunk m scores a key in chunk n < m as  q~_i^T P_{m-1} ... P_{n+1} k~_j.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _to_chunks(x: torch.Tensor, n_chunks: int, chunk_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """[B, T, H, ...] -> [N, B, H, C, ...] in `dtype`, zero-padded at the end to N * C tokens.
+
+    The chunk dim leads so that a run of chunks is one contiguous slice: matmuls over it need no copies.
+    """
+    B, T = x.shape[:2]
+    pad = n_chunks * chunk_size - T
+    x = x.to(dtype)
+    if pad:
+        x = torch.cat([x, x.new_zeros(B, pad, *x.shape[2:])], dim=1)
+    x = x.view(B, n_chunks, chunk_size, *x.shape[2:]).movedim(2, 3).movedim(1, 0)
+    return x.contiguous()
+
+
+def _from_chunks(x: torch.Tensor, length: int) -> torch.Tensor:
+    """[N, B, H, C, ...] -> [B, T, H, ...], dropping the end padding."""
+    x = x.movedim(0, 1).movedim(3, 2)
+    return x.flatten(1, 2)[:, :length]
+
+
+def _chunk_rows(x: torch.Tensor) -> torch.Tensor:
+    """[.., G, C, C] -> [.., G * C, C]: the G query heads of a key head as the rows of one chunk."""
+    return x.flatten(-3, -2)
+
+
+@dataclass(frozen=True)
+class _ChunkedInputs:
+    """The inputs cut into chunks, `[N, B, H, ...]` in the compute dtype, and what the steps mask with."""
+
+    q: torch.Tensor  # [N, B, H, G * C, D]: the G query heads of key head h as G * C rows, scale folded in
+    k: torch.Tensor  # [N, B, H, C, D]
+    v: torch.Tensor  # [N, B, H, C, DV + 1]: a ones column last
+    w: torch.Tensor  # [N, B, H, C, D]
+    beta: torch.Tensor  # [N, B, H, C], 0 past T: padded tokens transform nothing
+    gate: torch.Tensor | None  # [N, B, H, G, C]: scale * G_i (cumulative log gate per sequence); None without g
+    segment: torch.Tensor | None  # [N, C]: sequence index of each position (-1 past T); None without cu_seqlens
+    causal: torch.Tensor  # [C, C] bool, lower triangle
+    group: int  # G, query heads per key head
+
+    @property
+    def n_chunks(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def chunk_size(self) -> int:
+        return self.k.shape[-2]
+
+
+def _chunk_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None,
+    *,
+    scale: float,
+    cu_seqlens: torch.Tensor | None,
+    chunk_size: int,
+) -> _ChunkedInputs:
+    """`path_attention`'s inputs [B, T, ...] cut into chunks of `chunk_size` tokens, and the masks."""
+    B, T, HQ, D = q.shape
+    H = k.shape[2]
+    G, C = HQ // H, chunk_size
+    N = -(-T // C)
+    dtype = torch.promote_types(q.dtype, torch.float32)
+
+    # GQA: the G query heads of a key head become G * C rows of each chunk, so one matmul serves them all.
+    # The softmax scale is folded into q once.
+    qc = _to_chunks(q.view(B, T, H, G, D), N, C, dtype).transpose(-2, -3).reshape(N, B, H, G * C, D) * scale
+    kc, wc = _to_chunks(k, N, C, dtype), _to_chunks(w, N, C, dtype)
+    # A ones column on v makes every `e @ v` also return the softmax denominator.
+    # (padded keys get it too, so padded rows of a packed batch have a nonzero denominator).
+    vc = _to_chunks(v, N, C, dtype)
+    vc = torch.cat([vc, vc.new_ones(*vc.shape[:-1], 1)], -1)
+    betac = _to_chunks(beta, N, C, dtype)
+
+    gc = None
+    if g is not None:
+        gcum = g.to(dtype).cumsum(1)
+        if cu_seqlens is not None:  # restart the cumulative gate at every sequence start
+            starts = torch.cat([gcum.new_zeros(1, 1, HQ), gcum], dim=1)[:, cu_seqlens[:-1]]
+            gcum = gcum - starts[:, _segment_ids(cu_seqlens, T)]
+        gc = _to_chunks(gcum.view(B, T, H, G) * scale, N, C, dtype).transpose(-1, -2)
+    return _ChunkedInputs(
+        q=qc,
+        k=kc,
+        v=vc,
+        w=wc,
+        beta=betac,
+        gate=gc,
+        segment=None if cu_seqlens is None else _segment_ids(cu_seqlens, N * C).view(N, C),
+        causal=torch.ones(C, C, dtype=torch.bool, device=q.device).tril(),
+        group=G,
+    )
+
+
+def _chunk_householder(
+    k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """UT transform of each chunk. k, w: [N, B, H, C, D]; beta: [N, B, H, C].
+
+    Returns U [.., C, D], c [.., C, C], k~ (keys moved to their chunk's end) [.., C, D] and P_n [.., D, D].
+    """
+    C, D = w.shape[-2:]
+    eye_c = torch.eye(C, dtype=w.dtype, device=w.device)
+    wb = w * beta[..., None]
+    lower = torch.tril(wb @ w.transpose(-1, -2), -1)
+    rhs = torch.cat([wb, torch.tril(wb @ k.transpose(-1, -2), -1)], dim=-1)
+    solved = torch.linalg.solve_triangular(lower + eye_c, rhs, upper=False, unitriangular=True)
+    u, c = solved[..., :D], solved[..., D:]
+    k_end = k - c.transpose(-1, -2) @ w
+    p = torch.eye(D, dtype=w.dtype, device=w.device) - w.transpose(-1, -2) @ u
+    return u, c, k_end, p
+
+
+def _intra_chunk(chunks: _ChunkedInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns q~ (queries moved to their chunk's start) [N, B, H, G * C, D], the intra-chunk logits A
+    [N, B, H, G * C, C] (neither masked nor gated), k~ [N, B, H, C, D] and P_n [N, B, H, D, D]."""
+    G, C = chunks.group, chunks.chunk_size
+    u, c, k_end, p = _chunk_householder(chunks.k, chunks.w, chunks.beta)
+    qw = _chunk_rows((chunks.q @ chunks.w.transpose(-1, -2)).unflatten(-2, (G, C)).masked_fill(~chunks.causal, 0))
+    q_start = chunks.q - qw @ u
+    logits = chunks.q @ chunks.k.transpose(-1, -2) - qw @ c
+    return q_start, logits, k_end, p
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inter-chunk walk
+#
+# The inter-chunk part walks the block diagonals: at step d every query chunk m >= d meets key chunk m - d at once
+# (one batched matmul), then every running key is moved through the next chunk's P (on the key side: a chunk has C
+# keys but G * C query rows under GQA). A flash-attention style online softmax keeps memory at O(T * (C + D)) per
+# head, and Python loops over N chunks, not N^2 chunk pairs.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _masked_logits(chunks: _ChunkedInputs, scores: torch.Tensor, queries: slice, keys: slice) -> torch.Tensor:
+    """`scores` of query chunks `queries` against key chunks `keys`, -inf where the query may not see the key: across
+    packed sequences, and above the diagonal within a chunk."""
+    mask = None
+    if chunks.segment is not None:
+        seg = chunks.segment
+        mask = seg[queries][:, None, None, None, :, None] == seg[keys][:, None, None, None, None, :]
+    if queries == keys:
+        mask = chunks.causal if mask is None else mask & chunks.causal
+    if mask is not None:
+        scores = scores.unflatten(-2, (chunks.group, chunks.chunk_size)).masked_fill(~mask, float("-inf"))
+        scores = _chunk_rows(scores)
+    return scores
+
+
+def _fold_gate(
+    chunks: _ChunkedInputs,
+    *,
+    gate_q: torch.Tensor | None,
+    q_start: torch.Tensor,
+    k_end: torch.Tensor,
+    p: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q~, k~ and P_n as the walk uses them: with the gate folded into their matmuls.
+
+    The row of query head h carries (G_i, e_h) after its D columns and a key carries (1, -G_j per head), so
+    q . k_run = q^T P k + G_i - G_j; P acts as the identity on the extras.
+    """
+    if chunks.gate is None:
+        return q_start, k_end, p
+    G, C, D = chunks.group, chunks.chunk_size, p.shape[-1]
+    dtype, device = p.dtype, p.device
+    extra = 1 + G
+    rows = torch.eye(G, dtype=dtype, device=device).repeat_interleave(C, 0)  # [G * C, G]: e_h of each row
+    q_walk = torch.cat([q_start, gate_q, rows.expand(*q_start.shape[:-2], -1, -1)], -1)
+    k_walk = torch.cat([k_end, k_end.new_ones(*k_end.shape[:-1], 1), -chunks.gate.transpose(-1, -2)], -1)
+    p_walk = torch.zeros(*p.shape[:-2], D + extra, D + extra, dtype=dtype, device=device)
+    p_walk[..., :D, :D] = p
+    p_walk[..., D:, D:] = torch.eye(extra, dtype=dtype, device=device)
+    return q_walk, k_walk, p_walk
+
+
+def _walk(
+    chunks: _ChunkedInputs,
+    first: int,
+    stop: int,
+    acc: torch.Tensor,
+    m: torch.Tensor,
+    k_run: torch.Tensor,
+    *,
+    q_walk: torch.Tensor,
+    p_walk: torch.Tensor,
+    last_step: int,
+    in_place: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Steps `first` to `stop - 1` of the walk.
+
+    `acc` [.., G * C, DV + 1] and `m` [.., G * C, 1] are the running unnormalised output (with its softmax
+    denominator) and row maxima of query chunks first ... N - 1; `k_run` holds key chunks n = 0 ... N - 1 - first
+    moved to the start of query chunk n + first: the keys carry the transforms (C rows a chunk, where the queries
+    have G * C). Returns the chunks completed, then `acc`, `m` and `k_run` for step `stop`.
+    """
+    N = chunks.n_chunks
+    finished = []
+    for d in range(first, stop):
+        s = _masked_logits(chunks, q_walk[d:] @ k_run.transpose(-1, -2), queries=slice(d, N), keys=slice(0, N - d))
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        if in_place:
+            acc = acc.mul_(torch.exp(m - m_new)).add_(s.sub_(m_new).exp_() @ chunks.v[: N - d])
+        else:
+            acc = acc * torch.exp(m - m_new) + torch.exp(s - m_new) @ chunks.v[: N - d]
+        finished.append(acc[:1])
+        acc, m = acc[1:], m_new[1:]
+        if d < last_step:  # key chunk n moves through P_{n+d}
+            k_run = k_run[:-1] @ p_walk[d : N - 1].transpose(-1, -2)
+    return torch.cat(finished), acc, m, k_run
+
+
+def _walk_segment(walk: Callable[..., tuple[torch.Tensor, ...]], recompute: bool, *state):
+    """`walk(*state)`; with `recompute`, backward keeps only `state` and runs the walk again."""
+    return checkpoint(walk, *state, use_reentrant=False) if recompute else walk(*state)
+
+
+def _last_step(cu_seqlens: torch.Tensor | None, n_chunks: int, chunk_size: int) -> int:
+    """The last block diagonal with any visible key: N - 1, or fewer where no packed sequence spans N chunks."""
+    if cu_seqlens is None:
+        return n_chunks - 1
+    bounds = pairwise(_host_cu_seqlens(cu_seqlens))
+    return max((b - 1) // chunk_size - a // chunk_size for a, b in bounds if b > a)
+
+
+def _inter_chunk(
+    chunks: _ChunkedInputs,
+    *,
+    q_start: torch.Tensor,
+    logits: torch.Tensor,
+    k_end: torch.Tensor,
+    p: torch.Tensor,
+    last_step: int,
+    in_place: bool,
+    recompute: bool | None,
+) -> torch.Tensor:
+    """The softmax over every visible key: [N, B, H, G * C, DV + 1], the unnormalised output and its denominator.
+
+    `last_step` is the last block diagonal walked (`_last_step`); with `in_place` (no autograd) the walk updates its
+    buffers in place; `recompute` is `path_attention`'s.
+    """
+    N, C, G = chunks.n_chunks, chunks.chunk_size, chunks.group
+    gate_q = gate_k = None
+    if chunks.gate is not None:
+        gate_q = chunks.gate.flatten(-2)[..., None]  # [N, B, H, G * C, 1]: G_i of each query row
+        gate_k = chunks.gate[..., None, :]  # [N, B, H, G, 1, C]: G_j of each key, per query head
+    q_walk, k_walk, p_walk = _fold_gate(chunks, gate_q=gate_q, q_start=q_start, k_end=k_end, p=p)
+
+    # Diagonal blocks: every chunk against itself.
+    if chunks.gate is not None:
+        logits = logits + gate_q - _chunk_rows(gate_k.expand(-1, -1, -1, -1, C, -1))
+    s = _masked_logits(chunks, logits, queries=slice(None), keys=slice(None))
+    m = s.amax(-1, keepdim=True)
+    acc = torch.exp(s - m) @ chunks.v
+
+    # Off-diagonal blocks, one block diagonal per step d: query chunk m meets key chunk m - d. Chunk m is complete
+    # after step m and moves to `done`.
+    # Backward keeps every step's softmax inputs unless they are large (or the caller says): then only the segment
+    # boundaries are kept and the steps recomputed, memory O(T * (C + D)).
+    B, H = chunks.k.shape[1:3]
+    saved_bytes = 3 * last_step * N / 2 * B * H * G * C * C * chunks.v.element_size()
+    recompute = not in_place and (saved_bytes > _CHECKPOINT_ABOVE_BYTES if recompute is None else recompute)
+    walk = partial(_walk, chunks, q_walk=q_walk, p_walk=p_walk, last_step=last_step, in_place=in_place)
+    done = [acc[:1]]
+    state = (acc[1:], m[1:], k_walk[: N - 1])
+    for first in range(1, last_step + 1, _STEPS_PER_CHECKPOINT):
+        stop = min(first + _STEPS_PER_CHECKPOINT, last_step + 1)
+        finished, *state = _walk_segment(walk, recompute, first, stop, *state)
+        done.append(finished)
+    done.append(state[0])
+    return torch.cat(done)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Key-cache preparation
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _transformed_keys(k_end: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Move every chunk-end key through the later chunks: [N, B, H, C, D] -> fully transformed keys, same shape."""
+    suffix = torch.eye(p.shape[-1], dtype=p.dtype, device=p.device).expand_as(p[0])
+    out = [None] * len(k_end)
+    for n in reversed(range(len(k_end))):
+        out[n] = k_end[n] @ suffix.transpose(-1, -2)  # suffix = P_{N-1} ... P_{n+1}
+        suffix = suffix @ p[n]
+    return torch.stack(out)
+
+
+def _sequence_transformed_keys(
+    k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, *, chunk_size: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """Fully transformed keys of one unpacked batch [B, T, H, D]."""
+    T = k.shape[1]
+    N = -(-T // chunk_size)
+    kc, wc = (_to_chunks(x, N, chunk_size, dtype) for x in (k, w))
+    _, _, k_end, p = _chunk_householder(kc, wc, _to_chunks(beta, N, chunk_size, dtype))
+    return _from_chunks(_transformed_keys(k_end, p), T)
+
+
+def _key_cache(
+    k: torch.Tensor,
+    w: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    k_end: torch.Tensor,
+    p: torch.Tensor,
+    cu_seqlens: torch.Tensor | None,
+    chunk_size: int,
+) -> torch.Tensor:
+    """`k_cache_j = H_e ... H_{j+1} k_j` [B, T, H, D] in the compute dtype, e the last position of j's sequence.
+
+    Unpacked, from the intra-chunk transform's k~ and P_n; packed, each sequence's keys stop at its own end.
+    """
+    if cu_seqlens is None:
+        return _from_chunks(_transformed_keys(k_end, p), k.shape[1])
+    bounds = pairwise(_host_cu_seqlens(cu_seqlens))
+    return torch.cat(
+        [
+            _sequence_transformed_keys(k[:, a:b], w[:, a:b], beta[:, a:b], chunk_size=chunk_size, dtype=k_end.dtype)
+            for a, b in bounds
+        ],
+        dim=1,
+    )
+
+
+def chunk_path_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    *,
+    scale: float,
+    cu_seqlens: torch.LongTensor | None = None,
+    chunk_size: int = 64,
+    return_k_cache: bool = False,
+    recompute: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The torch backend: `path_attention`'s arguments (checked there, `scale` given) and outputs.
+
+    Computes in q's dtype promoted to at least fp32. `path_attention` calls it with autocast off, which would run the
+    matmuls in bf16.
+    """
+    B, T, HQ = q.shape[:3]
+    DV = v.shape[-1]
+    # Without autograd, update the buffers in place (fewer memory passes).
+    requires_grad = any(x is not None and x.requires_grad for x in (q, k, v, w, beta, g))
+    chunks = _chunk_inputs(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
+    q_start, logits, k_end, p = _intra_chunk(chunks)
+    acc = _inter_chunk(
+        chunks,
+        q_start=q_start,
+        logits=logits,
+        k_end=k_end,
+        p=p,
+        last_step=_last_step(cu_seqlens, n_chunks=chunks.n_chunks, chunk_size=chunk_size),
+        in_place=not (torch.is_grad_enabled() and requires_grad),
+        recompute=recompute,
+    )
+    o = (acc[..., :DV] / acc[..., DV:]).unflatten(-2, (chunks.group, chunk_size))
+    o = o.transpose(-2, -3)  # [N, B, H, C, G, DV]
+    o = _from_chunks(o, T).reshape(B, T, HQ, DV).to(q.dtype)
+    if not return_k_cache:
+        return o, None
+    k_cache = _key_cache(k, w, beta, k_end=k_end, p=p, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
+    return o, k_cache.to(k.dtype)
+
+
+__all__ = ["chunk_path_attention"]
