@@ -35,8 +35,10 @@ import torch
 from transformers.dynamic_module_utils import get_relative_imports
 
 from path_hf import modeling_path_llama, ops
-from path_hf.recipes import train
+from path_hf.evaluation import IGNORE_INDEX
 from path_hf.recipes.arguments import TrainingArguments
+from path_hf.recipes.losses import AttentionAlignment
+from path_hf.recipes.models import select_trainable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,7 +116,7 @@ def random_batch(vocab: int, batch: int, block: int, seed: int) -> dict[str, tor
     generator = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(0, vocab, (batch, block), generator=generator)
     labels = input_ids.clone()
-    labels[:, 0] = train.IGNORE_INDEX
+    labels[:, 0] = IGNORE_INDEX
     return {"input_ids": input_ids, "position_ids": torch.arange(block).expand(batch, -1), "labels": labels}
 
 
@@ -223,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     teacher = load(args.teacher, torch.float32).eval().requires_grad_(False)
     student = load(args.student, torch.float32)
-    train.select_trainable(student, TrainingArguments(output_dir=".", trainable=args.trainable))
+    select_trainable(student, TrainingArguments(output_dir=".", trainable=args.trainable))
     student.train()
     tokens = args.batch * args.block
     batch = random_batch(student.config.vocab_size, args.batch, args.block, seed=0)
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
         cases.append(aligns[0][1])
     for isolated, case, context in aligns:
         if case in cases:
-            alignment = train.AttentionAlignment(student, teacher, isolated=isolated)
+            alignment = AttentionAlignment(student, teacher, isolated=isolated)
             with context():
                 results[case] = measure(lambda a=alignment: align_step(student, teacher, a, batch), args.steps)
             for hooks in (teacher.get_decoder().layers, student.get_decoder().layers):  # drop this case's hooks

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import yaml
 
-from path_hf.recipes import train  # noqa: F401  (imported from here by the tests)
+from path_hf.recipes import train
 from path_hf.recipes.arguments import parse_config  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]

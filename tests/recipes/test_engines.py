@@ -14,7 +14,11 @@ from accelerate.utils import DistributedType
 from safetensors.torch import load_file
 from torch import nn
 
-from tests.recipes.recipe_runs import ROOT, parse_config, read_log, recipe_config, run_recipe, train, write_config
+from path_hf.errors import RecipeError
+from path_hf.recipes.arguments import TrainingArguments
+from path_hf.recipes.checkpoints import read_checkpoint
+from path_hf.recipes.models import check_engine
+from tests.recipes.recipe_runs import ROOT, parse_config, read_log, recipe_config, run_recipe, write_config
 from tests.recipes.test_launch import environment, free_port
 
 ADAM_EPS = 1e-8  # torch.optim.AdamW's default, which the recipe keeps
@@ -133,7 +137,7 @@ def test_sharded_engines_on_two_cpu_processes_clip_the_whole_gradient_like_ddp(e
     checkpoint = out / "checkpoints" / "step-00000004"
     engine_file = "pytorch_model_fsdp.bin" if engine == "fsdp2" else "pytorch_model"  # it did run under the engine
     assert (checkpoint / engine_file).exists()
-    assert train.read_checkpoint(checkpoint, SimpleNamespace(num_processes=2)).step == 4  # a resume would accept it
+    assert read_checkpoint(checkpoint, SimpleNamespace(num_processes=2)).step == 4  # a resume would accept it
     norms = grad_norms(out)
     assert len(norms) == 4 and min(norms) > 0
     assert norms == pytest.approx(grad_norms(ddp_run), rel=1e-4)
@@ -174,7 +178,7 @@ def test_shipped_deepspeed_configs_load_and_agree_with_the_recipe_in_their_launc
     plugin = deepspeed_plugin_of(accelerate_config, monkeypatch)
     assert plugin.zero_stage == int(name[-1]) and plugin.zero3_init_flag == (name == "deepspeed_zero3")
 
-    train.check_engine(recipe.training, DistributedType.DEEPSPEED, plugin)
+    check_engine(recipe.training, DistributedType.DEEPSPEED, plugin)
     assert plugin.deepspeed_config["gradient_clipping"] == recipe.training.max_grad_norm
     assert plugin.deepspeed_config["gradient_accumulation_steps"] == recipe.training.gradient_accumulation_steps
 
@@ -185,24 +189,20 @@ def test_the_engine_checks_refuse_what_the_engine_would_override():
     def plugin(**fields):
         return DeepSpeedPlugin(**{"zero_stage": 2, "gradient_accumulation_steps": 1, **fields})
 
-    training = train.TrainingArguments(output_dir=".", max_grad_norm=0.5, gradient_accumulation_steps=4)
-    with pytest.raises(
-        train.RecipeError, match=r"gradient_accumulation_steps: 1, training.gradient_accumulation_steps is 4"
-    ):
-        train.check_engine(training, DistributedType.DEEPSPEED, plugin())
-    with pytest.raises(train.RecipeError, match=r"gradient_clipping: 1.0, training.max_grad_norm is 0.5"):
-        train.check_engine(
-            training, DistributedType.DEEPSPEED, plugin(gradient_accumulation_steps=4, gradient_clipping=1.0)
-        )
+    training = TrainingArguments(output_dir=".", max_grad_norm=0.5, gradient_accumulation_steps=4)
+    with pytest.raises(RecipeError, match=r"gradient_accumulation_steps: 1, training.gradient_accumulation_steps is 4"):
+        check_engine(training, DistributedType.DEEPSPEED, plugin())
+    with pytest.raises(RecipeError, match=r"gradient_clipping: 1.0, training.max_grad_norm is 0.5"):
+        check_engine(training, DistributedType.DEEPSPEED, plugin(gradient_accumulation_steps=4, gradient_clipping=1.0))
     agreeing = plugin(gradient_accumulation_steps=4, gradient_clipping=0.5)
-    train.check_engine(training, DistributedType.DEEPSPEED, agreeing)
+    check_engine(training, DistributedType.DEEPSPEED, agreeing)
     left_open = plugin(gradient_accumulation_steps=4, gradient_clipping="auto")
-    train.check_engine(training, DistributedType.DEEPSPEED, left_open)
+    check_engine(training, DistributedType.DEEPSPEED, left_open)
     assert left_open.deepspeed_config["gradient_clipping"] == 0.5
 
-    lora = train.TrainingArguments(output_dir=".", trainable="lora")
-    train.check_engine(lora, DistributedType.DEEPSPEED, plugin())  # ZeRO-2 keeps whole weights
-    train.check_engine(lora, DistributedType.MULTI_GPU)
+    lora = TrainingArguments(output_dir=".", trainable="lora")
+    check_engine(lora, DistributedType.DEEPSPEED, plugin())  # ZeRO-2 keeps whole weights
+    check_engine(lora, DistributedType.MULTI_GPU)
     for engine, deepspeed in ((DistributedType.DEEPSPEED, plugin(zero_stage=3)), (DistributedType.FSDP, None)):
-        with pytest.raises(train.RecipeError, match="lora merges on one process"):
-            train.check_engine(lora, engine, deepspeed)
+        with pytest.raises(RecipeError, match="lora merges on one process"):
+            check_engine(lora, engine, deepspeed)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.conversion.gguf_files import tiny_model, write_gguf  # tests/conversion, on sys.path through conftest
+from tests.conversion.gguf_files import tiny_model, write_gguf
 from tests.recipes.recipe_runs import recipe_config, run_recipe
 
 

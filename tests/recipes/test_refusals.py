@@ -2,8 +2,9 @@
 
 import pytest
 
+from path_hf.recipes.models import conversion_options
 from tests.conversion.checkpoints import make_source
-from tests.recipes.recipe_runs import DATA, parse_config, recipe_config, run_recipe, train, write_config
+from tests.recipes.recipe_runs import DATA, parse_config, recipe_config, run_recipe, write_config
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,7 @@ def test_overrides_are_read_as_yaml(tiny_source, tmp_path):
         ["--config", str(path), "stages.0.tokens=1e5", "training.eval_lengths=[1, 8]", "model.convert.layers=0-1"]
     )
     assert config.stages[0].tokens == 100_000 and config.training.eval_lengths == [1, 8]
-    assert train.conversion_options(config.model, "out").layers == (0, 1)
+    assert conversion_options(config.model, "out").layers == (0, 1)
 
 
 def test_streamed_documents_too_short_for_a_block(tiny_source, tmp_path, capsys):

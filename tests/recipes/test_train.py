@@ -13,8 +13,15 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import path_hf  # noqa: F401  (registers path_llama)
+from path_hf.errors import RecipeError
+from path_hf.evaluation import load_texts
+from path_hf.recipes.arguments import Stage, TrainingArguments
+from path_hf.recipes.data import pack_documents
+from path_hf.recipes.losses import AttentionAlignment
+from path_hf.recipes.models import select_trainable
+from path_hf.recipes.schedule import learning_rate, plan_stages, stage_at
 from tests.conversion.checkpoints import make_source
-from tests.recipes.recipe_runs import DATA, ROOT, parse_config, read_log, recipe_config, run_recipe, train
+from tests.recipes.recipe_runs import DATA, ROOT, parse_config, read_log, recipe_config, run_recipe
 
 
 def weights(directory) -> dict[str, torch.Tensor]:
@@ -175,7 +182,7 @@ def test_packed_blocks_restart_positions_at_each_document():
         def __call__(self, texts, add_special_tokens=True):
             return {"input_ids": [[int(word) for word in text.split()] for text in texts]}
 
-    blocks = train.pack_documents(["5 6 7", "8 9", "1 2 3 4 5 6"], Tokenizer(), block_size=4)
+    blocks = pack_documents(["5 6 7", "8 9", "1 2 3 4 5 6"], Tokenizer(), block_size=4)
     assert blocks["input_ids"] == [[5, 6, 7, 0], [8, 9, 0, 1], [2, 3, 4, 5]]
     assert blocks["position_ids"] == [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1, 2, 3]]
     assert blocks["labels"] == [[-100, 6, 7, 0], [-100, 9, 0, -100], [-100, 3, 4, 5]]
@@ -194,7 +201,7 @@ def test_alignment_loss_is_zero_for_an_exact_conversion(tmp_path, rope, exact, i
     convert(ConvertOptions(source=str(source), output=str(tmp_path / "path"), rope=rope, init="identity"))
     student = AutoModelForCausalLM.from_pretrained(tmp_path / "path")
     teacher = AutoModelForCausalLM.from_pretrained(source).eval()
-    alignment = train.AttentionAlignment(student, teacher, isolated=isolated)
+    alignment = AttentionAlignment(student, teacher, isolated=isolated)
     input_ids = torch.randint(3, 200, (2, 16), generator=torch.Generator().manual_seed(0))
     position_ids = torch.tensor([list(range(10)) + list(range(6))] * 2)  # two documents per row
     with alignment.aligning():
@@ -222,8 +229,8 @@ def test_isolated_alignment_equals_the_whole_student_run(tmp_path):
         student = AutoModelForCausalLM.from_pretrained(tmp_path / "path")
         if checkpointing:
             student.activation_checkpointing_enable()
-        train.select_trainable(student, train.TrainingArguments(output_dir=".", trainable="attention"))
-        alignment = train.AttentionAlignment(student, teacher, isolated=isolated)
+        select_trainable(student, TrainingArguments(output_dir=".", trainable="attention"))
+        alignment = AttentionAlignment(student, teacher, isolated=isolated)
         with alignment.aligning():
             loss = alignment.loss(student, teacher, batch)
             if not isolated:
@@ -284,7 +291,7 @@ def test_packed_blocks_keep_documents_apart_in_both_models(tiny_source, tmp_path
     convert(ConvertOptions(source=str(tiny_source), output=str(tmp_path / "path"), rope="drop"))
     tokenizer = AutoTokenizer.from_pretrained(tiny_source)
     texts = ["The keeper climbed the tower .", "In spring the birds returned before the boats did ."]
-    block = train.pack_documents(texts, tokenizer, block_size=12)
+    block = pack_documents(texts, tokenizer, block_size=12)
     input_ids, position_ids = torch.tensor(block["input_ids"][:1]), torch.tensor(block["position_ids"][:1])
     first = position_ids[0].tolist().index(0, 1)
     for model in (
@@ -299,12 +306,12 @@ def test_packed_blocks_keep_documents_apart_in_both_models(tiny_source, tmp_path
 
 def test_each_stage_has_its_own_warmup_and_cosine_schedule():
     stages = [
-        train.Stage("align", tokens=10 * 64, learning_rate=1e-2, warmup_ratio=0.2, min_lr_ratio=0.1),
-        train.Stage("lm", tokens=3 * 64 + 1, learning_rate=1e-4, warmup_ratio=0.0, min_lr_ratio=0.0),
+        Stage("align", tokens=10 * 64, learning_rate=1e-2, warmup_ratio=0.2, min_lr_ratio=0.1),
+        Stage("lm", tokens=3 * 64 + 1, learning_rate=1e-4, warmup_ratio=0.0, min_lr_ratio=0.0),
     ]
-    plans = train.plan_stages(stages, tokens_per_step=64)
+    plans = plan_stages(stages, tokens_per_step=64)
     assert [(plan.first_step, plan.steps) for plan in plans] == [(0, 10), (10, 4)]
-    rates = [train.learning_rate(train.stage_at(plans, step), step) for step in range(14)]
+    rates = [learning_rate(stage_at(plans, step), step) for step in range(14)]
     assert rates[0] < rates[1] < rates[2] == pytest.approx(1e-2)  # 2 warmup steps, then the peak
     assert all(a > b for a, b in zip(rates[2:10], rates[3:10], strict=False))
     assert rates[9] > 1e-3  # decays towards 0.1 x peak
@@ -341,7 +348,7 @@ def test_files_whose_records_carry_different_fields_mix(tiny_source, tmp_path):
     out = tmp_path / "run"
     data = {"train_files": [str(file) for file in files]}
     assert run_recipe(recipe_config(tiny_source, out, data=data), tmp_path) == 0
-    read = train.load_texts(files, "text")
+    read = load_texts(files, "text")
     assert read.column_names == ["text"] and list(read["text"]) == list(texts) * 2
 
 
@@ -352,8 +359,8 @@ def test_lora_all_linear_never_wraps_the_path_projections(tiny_source, tmp_path)
     options = ConvertOptions(source=str(tiny_source), output=str(tmp_path / "path"), forget_gate=True)
     convert(options)
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "path")
-    training = train.TrainingArguments(output_dir=str(tmp_path), trainable="lora", lora_target_modules="all-linear")
-    peft_model = train.select_trainable(model, training)
+    training = TrainingArguments(output_dir=str(tmp_path), trainable="lora", lora_target_modules="all-linear")
+    peft_model = select_trainable(model, training)
     wrapped = {name.split(".")[-1] for name, module in peft_model.named_modules() if hasattr(module, "lora_A")}
     assert wrapped == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     trained_fully = {
@@ -362,10 +369,8 @@ def test_lora_all_linear_never_wraps_the_path_projections(tiny_source, tmp_path)
         if ".modules_to_save." in n
     }
     assert trained_fully == {"w_proj", "w_conv1d", "bt_proj", "bt_gain", "g_proj", "g_gain"}
-    with pytest.raises(train.RecipeError, match="lora_target_modules"):
-        train.select_trainable(
-            model, train.TrainingArguments(output_dir=".", trainable="lora", lora_target_modules=["bt_proj"])
-        )
+    with pytest.raises(RecipeError, match="lora_target_modules"):
+        select_trainable(model, TrainingArguments(output_dir=".", trainable="lora", lora_target_modules=["bt_proj"]))
 
 
 def test_isolated_alignment_runs_under_the_accelerators_mixed_precision(tmp_path):
@@ -381,7 +386,7 @@ def test_isolated_alignment_runs_under_the_accelerators_mixed_precision(tmp_path
     convert(ConvertOptions(source=str(source), output=str(tmp_path / "path"), rope="drop"))
     teacher = AutoModelForCausalLM.from_pretrained(source).eval()
     student = AutoModelForCausalLM.from_pretrained(tmp_path / "path")
-    alignment = train.AttentionAlignment(student, teacher)
+    alignment = AttentionAlignment(student, teacher)
     seen = []
     for attention in alignment.layers.values():
         attention.register_forward_hook(lambda module, args, output: seen.append(torch.is_autocast_enabled("cpu")))

@@ -1,0 +1,273 @@
+# Copyright 2026 The path-hf authors. Apache-2.0.
+"""The models of recipes/train.py: the student (converted on the fly from a RoPE source if needed) and the teacher,
+what of the student trains, the checks and placement each engine needs, and the final save."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator, DistributedType
+from peft import LoraConfig, get_peft_model
+from torch import nn
+from torch.distributed.tensor import DTensor
+from transformers import PretrainedConfig
+
+from path_hf import PaTHLlamaAttention, PaTHLlamaConfig, PaTHLlamaForCausalLM
+from path_hf.conversion.convert import convert
+from path_hf.conversion.loading import load_causal_lm, load_config
+from path_hf.conversion.options import RUN_OPTIONS, ConvertOptions
+from path_hf.errors import ConversionError, RecipeError
+from path_hf.modeling_path_llama import LAYER_PARAMETER, PATH_MODULES
+from path_hf.recipes.arguments import ModelArguments, RecipeConfig, TrainingArguments
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """Where the student and the teacher come from, known from their configs alone."""
+
+    student: str  # a PaTH checkpoint, existing or written by the conversion
+    convert_from: str | None  # a RoPE source to convert into `student` first
+    teacher: str | None
+
+
+def plan_models(config: RecipeConfig) -> ModelPlan:
+    """Read the model configs and refuse what cannot train: a block longer than the model's positions, a teacher
+    whose vocabulary differs, conversion options of the wrong kind. Loads no weights."""
+    model_args = config.model
+    # `convert.gguf_file` names the GGUF in a directory `path`: that file is the source (and default teacher).
+    gguf_file = model_args.convert.get("gguf_file")
+    source = str(Path(model_args.path) / gguf_file) if gguf_file else model_args.path
+    student_config = _load_config(source, "model.path")
+    if student_config.model_type == PaTHLlamaConfig.model_type:
+        if model_args.convert:
+            raise RecipeError(f"model.convert is set but model.path {model_args.path} is already a PaTH checkpoint")
+        recorded = getattr(student_config, "path_conversion", None) or {}
+        student, convert_from, teacher = model_args.path, None, model_args.teacher or recorded.get("source")
+    else:
+        student = str(Path(config.training.output_dir) / "converted")
+        convert_from, teacher = model_args.path, model_args.teacher or source
+        conversion_options(model_args, student)  # checks the option names and values now
+    limit = getattr(student_config, "max_position_embeddings", None)
+    if limit is not None and config.data.block_size > limit:
+        raise RecipeError(
+            f"data.block_size {config.data.block_size} is above the model's limit (max_position_embeddings={limit})"
+        )
+    needs_teacher = any(stage.name in ("align", "distill") for stage in config.stages)
+    if teacher is None and needs_teacher:
+        raise RecipeError("model.teacher is required by the align and distill stages (the source RoPE model)")
+    if teacher is not None:
+        teacher_config = _load_config(teacher, "model.teacher")
+        if teacher_config.vocab_size != student_config.vocab_size:
+            raise RecipeError(
+                f"model.teacher {teacher} has a vocabulary of {teacher_config.vocab_size} tokens, the model "
+                f"{student_config.vocab_size}: distillation and the perplexity ratio need the same tokenizer"
+            )
+    return ModelPlan(student, convert_from, teacher)
+
+
+def _load_config(name: str, field_name: str) -> PretrainedConfig:
+    """The config of a checkpoint directory, hub id or GGUF file (`conversion.loading`)."""
+    try:
+        return load_config(name)
+    except (OSError, ValueError, ConversionError) as error:
+        raise RecipeError(f"{field_name} {name}: cannot read its config ({str(error).splitlines()[0]})") from error
+
+
+def conversion_options(model_args: ModelArguments, output: str) -> ConvertOptions:
+    """`model.convert` as the converter's own `ConvertOptions` (one definition of every conversion option); a value
+    may be written in its flag's notation (`layers: 0-11,20`, `max_shard_size: 5GB`)."""
+    known = {option.name: option for option in fields(ConvertOptions) if option.name not in RUN_OPTIONS}
+    options = {}
+    try:
+        for key, value in model_args.convert.items():
+            if key not in known:
+                raise RecipeError(f"unknown key model.convert.{key}")
+            parse = known[key].metadata.get("parse")
+            options[key] = parse(str(value)) if parse and isinstance(value, (str, int)) else value
+        return ConvertOptions(source=model_args.path, output=output, **options)
+    except (ConversionError, ValueError) as error:
+        raise RecipeError(f"model.convert: {error}") from error
+
+
+def load_models(
+    config: RecipeConfig, plan: ModelPlan, accelerator: Accelerator
+) -> tuple[PaTHLlamaForCausalLM, nn.Module | None]:
+    """Convert if needed (on the main process, once: a resumed run reuses the converted model), then load the
+    student and the frozen teacher."""
+    if plan.convert_from is not None and accelerator.is_main_process and not Path(plan.student).is_dir():
+        convert(conversion_options(config.model, plan.student))
+    accelerator.wait_for_everyone()
+    student = load_causal_lm(plan.student, getattr(torch, config.model.dtype))
+    teacher = None
+    if plan.teacher is not None:
+        with unpartitioned(accelerator.state.deepspeed_plugin):
+            # a checkpoint, or a GGUF file dequantised to teacher_dtype
+            teacher = load_causal_lm(plan.teacher, getattr(torch, config.model.teacher_dtype))
+        teacher.eval().requires_grad_(False)
+    return student, teacher
+
+
+@contextmanager
+def unpartitioned(deepspeed_plugin=None) -> Iterator[None]:
+    """Models loaded in this block stay whole under ZeRO-3, where a model partitioned without an engine (the
+    teacher) cannot run. transformers partitions every model loaded while a ZeRO-3 config is registered, whatever
+    `zero3_init_flag` says (accelerate's `zero3_init_context_manager(False)` registers the same config again)."""
+    if deepspeed_plugin is None:
+        yield
+        return
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        deepspeed_plugin.set_deepspeed_weakref()
+
+
+def shards_weights(distributed_type: DistributedType, deepspeed_plugin=None) -> bool:
+    """Whether no process holds the whole weights: FSDP, DeepSpeed ZeRO-3."""
+    return distributed_type == DistributedType.FSDP or (
+        deepspeed_plugin is not None and deepspeed_plugin.zero_stage == 3
+    )
+
+
+def check_engine(training: TrainingArguments, distributed_type: DistributedType, deepspeed_plugin=None) -> None:
+    """Refuse what the engine would do otherwise than configured: LoRA under FSDP or ZeRO-3 (its merge needs whole
+    weights on one process), and a DeepSpeed config whose `gradient_clipping` or `gradient_accumulation_steps`
+    differs from `training`'s (DeepSpeed clips and accumulates by its own config: accelerate logs an accumulation
+    mismatch and takes DeepSpeed's value, and says nothing of the clipping). Values left `auto` (or out) in the
+    DeepSpeed config get `training`'s (`gradient_accumulation_steps: auto` in an accelerate config fails in
+    accelerate itself: it reads that value as an int)."""
+    if training.trainable == "lora" and shards_weights(distributed_type, deepspeed_plugin):
+        raise RecipeError("training.trainable=lora merges on one process: use DDP or DeepSpeed ZeRO-2, not FSDP/ZeRO-3")
+    if deepspeed_plugin is None:
+        return
+    config = deepspeed_plugin.deepspeed_config
+    for key in ("gradient_clipping", "gradient_accumulation_steps"):
+        name = "max_grad_norm" if key == "gradient_clipping" else key
+        value = getattr(training, name)
+        if config.get(key, "auto") == "auto":
+            config[key] = value
+        elif float(config[key]) != value:
+            auto = " (or gradient_clipping: auto in the accelerate config)" if key == "gradient_clipping" else ""
+            raise RecipeError(
+                f"the DeepSpeed config has {key}: {config[key]}, training.{name} is {value}: DeepSpeed would use its "
+                f"own; make them equal{auto}"
+            )
+
+
+def place_teacher(teacher: nn.Module | None, accelerator: Accelerator) -> nn.Module | None:
+    """The frozen teacher where it runs: sharded like the student under FSDP2, elsewhere a replica on each device."""
+    if teacher is None:
+        return None
+    return shard_teacher(teacher, accelerator) if accelerator.is_fsdp2 else teacher.to(accelerator.device)
+
+
+def shard_teacher(teacher: nn.Module, accelerator: Accelerator) -> nn.Module:
+    """The frozen teacher sharded under FSDP2 one decoder layer at a time, as accelerate shards the student (its
+    `prepare` takes a model only with the optimizer that trains it under FSDP2, and `prepare_model(evaluation_mode=
+    True)` leaves a model whole and where it was loaded). It only runs forward: no mixed-precision policy, it is
+    loaded in `model.teacher_dtype`."""
+    from torch.distributed.fsdp import fully_shard
+
+    plugin = accelerator.state.fsdp_plugin
+    for layer in teacher.get_decoder().layers:
+        fully_shard(layer, reshard_after_forward=plugin.reshard_after_forward, offload_policy=plugin.cpu_offload)
+    return fully_shard(teacher, offload_policy=plugin.cpu_offload)
+
+
+def path_attention_layers(model: nn.Module) -> dict[int, PaTHLlamaAttention]:
+    """The PaTH attention modules of `model` (also inside a PEFT or engine wrapper), by layer index."""
+    return {m.layer_idx: m for m in model.modules() if isinstance(m, PaTHLlamaAttention)}
+
+
+def trainable_model(student: PaTHLlamaForCausalLM, training: TrainingArguments) -> nn.Module:
+    """The student as it trains: activation checkpointing if asked for, and `select_trainable`'s parameters."""
+    if training.activation_checkpointing:
+        student.activation_checkpointing_enable()
+        if training.trainable == "lora":  # the frozen embeddings' output must carry gradients into checkpointed layers
+            student.enable_input_require_grads()
+    return select_trainable(student, training)
+
+
+def select_trainable(model: PaTHLlamaForCausalLM, training: TrainingArguments) -> nn.Module:
+    """Freeze what `training.trainable` leaves out; with `lora`, wrap the model with PEFT (LoRA on the chosen
+    modules, the PaTH modules fully trained through `modules_to_save`)."""
+    present = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name.endswith(PATH_MODULES)})
+    if training.trainable == "lora":
+        targets = training.lora_target_modules
+        if targets == "all-linear":
+            # The PaTH modules are trained fully (modules_to_save), never LoRA-wrapped too.
+            targets = sorted(
+                {
+                    name.rsplit(".", 1)[-1]
+                    for name, module in model.named_modules()
+                    if isinstance(module, nn.Linear) and name != "lm_head" and not _in_path_module(name)
+                }
+            )
+        elif isinstance(targets, str) or set(targets) & set(PATH_MODULES):
+            raise RecipeError(
+                "training.lora_target_modules must be a list of module names or 'all-linear', without the PaTH "
+                f"modules {PATH_MODULES} (they are trained fully)"
+            )
+        lora = LoraConfig(
+            r=training.lora_r,
+            lora_alpha=training.lora_alpha,
+            lora_dropout=training.lora_dropout,
+            target_modules=targets,
+            modules_to_save=present,
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(model, lora)
+    layers = path_attention_layers(model)
+    for name, param in model.named_parameters():
+        if training.trainable == "full":
+            param.requires_grad_(True)
+        elif training.trainable == "path":
+            param.requires_grad_(_in_path_module(name))
+        else:  # attention: everything in the self_attn of PaTH layers
+            layer = LAYER_PARAMETER.match(name)
+            in_path_layer = layer is not None and int(layer["layer"]) in layers
+            param.requires_grad_(in_path_layer and name.startswith("self_attn.", layer.end()))
+    return model
+
+
+def _in_path_module(name: str) -> bool:
+    return any(f".{module}." in f".{name}." for module in PATH_MODULES)
+
+
+def replica_checksums(model: nn.Module, accelerator: Accelerator) -> list[float] | None:
+    """A checksum of the trainable weights, whole, from every process: equal values mean every process ends with the
+    same model. Under FSDP2 each process gathers the sharded weights one at a time (what remains to differ there is
+    a weight left unsharded); None under FSDP1 and DeepSpeed, whose wrappers hide the whole weights."""
+    if accelerator.distributed_type == DistributedType.DEEPSPEED or (
+        accelerator.distributed_type == DistributedType.FSDP and not accelerator.is_fsdp2
+    ):
+        return None
+    checksum = torch.zeros((), dtype=torch.float64, device=accelerator.device)
+    for param in accelerator.unwrap_model(model).parameters():
+        if param.requires_grad:
+            whole = (param.full_tensor() if isinstance(param, DTensor) else param).detach().double()
+            checksum += whole.abs().sum() + whole.sum()
+    return accelerator.gather(checksum[None]).tolist()
+
+
+def save_final_model(model: nn.Module, tokenizer, accelerator: Accelerator, output_dir: Path, lora: bool) -> None:
+    """`final/`: a plain PaTHLlama checkpoint with its tokenizer (LoRA merged; its adapter kept in `adapter/`), saved
+    by the main process from the state dict gathered from every process (FSDP, ZeRO-3)."""
+    state_dict = accelerator.get_state_dict(model)
+    if not accelerator.is_main_process:
+        accelerator.wait_for_everyone()
+        return
+    unwrapped = accelerator.unwrap_model(model)
+    if lora:  # only under engines that keep whole weights on every process (refused otherwise)
+        unwrapped.save_pretrained(output_dir / "adapter")
+        unwrapped = unwrapped.merge_and_unload()
+        state_dict = unwrapped.state_dict()
+    unwrapped.save_pretrained(output_dir / "final", state_dict=state_dict)
+    tokenizer.save_pretrained(output_dir / "final")
+    accelerator.wait_for_everyone()
