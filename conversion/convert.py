@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 
 import torch
 from huggingface_hub import snapshot_download
-from torch import nn
 from transformers import AutoConfig, GenerationConfig
 from transformers.dynamic_module_utils import get_relative_import_files
 from transformers.utils import (
@@ -381,15 +380,14 @@ def init_new_parameters(config: PaTHLlamaConfig, layer_idx: int, seed: int) -> d
     with torch.device("meta"):
         attention = PaTHLlamaAttention(config, layer_idx)
     names = {tensor.name for tensor in new_parameters(config)}
-    # Only the new submodules get memory (q/k/v/o stay on the meta device), gathered in a module of their own.
-    new_modules = nn.Module()
+    # Only the new submodules get memory; q/k/v/o stay on the meta device.
     for child_name, child in attention.named_children():
         if any(name.startswith(f"{child_name}.") for name in names):
-            new_modules.add_module(child_name, child.to_empty(device="cpu"))
+            child.to_empty(device="cpu")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(layer_seed(seed, layer_idx))
-        init_path_parameters(new_modules, config)
-    return {name: param.detach() for name, param in new_modules.named_parameters()}
+        init_path_parameters(attention, config)
+    return {name: param.detach() for name, param in attention.named_parameters() if name in names}
 
 
 def plan_conversion(options: ConvertOptions, source: Source | None = None) -> ConversionPlan:

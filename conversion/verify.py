@@ -37,7 +37,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from path_hf.errors import ConversionError
 from path_hf.evaluation import token_nll
-from path_hf.modeling_path_llama import PaTHGain
+from path_hf.modeling_path_llama import PATH_GAIN_INIT, PaTHGain
 
 from .convert import ConversionPlan
 from .io import SourceReader, SourceTensor, SourceWeights
@@ -175,10 +175,11 @@ def relative_difference(output: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def identity_transforms(layer: nn.Module) -> None:
-    """Set every Householder transform of `layer` to the identity (and every forget gate to 1)."""
+    """Set every Householder transform of `layer` to the identity (and every forget gate to 1): its gains as
+    `path_init="identity"` starts them."""
     for module in layer.modules():
         if isinstance(module, PaTHGain):
-            module.weight.data.zero_()  # beta = 0: H_t = I; g = 0: forget gate 1
+            module.weight.data.fill_(PATH_GAIN_INIT["identity"])
 
 
 def _perplexity(logits: torch.Tensor, input_ids: torch.Tensor) -> float:
