@@ -1,11 +1,10 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
-"""The destination's side of a conversion: the checks before anything is written, and the staging directories
-written beside the destination.
+"""The destination's side of a conversion: the checks before anything is written (`check_destination`,
+`check_disk_space`), and the staging directories written beside the destination (`STAGING_KINDS`).
 
-A conversion writes into directories beside `DST` named `.DST.KIND-HOST-PID-TOKEN` (`staging_directory`): the output
-being written (tmp), a GGUF materialised as a checkpoint (gguf), a replaced `DST` being deleted (old). Ctrl-C and
-SIGTERM remove them; one that a killed run left is found by its name and removed by the next conversion to the same
-destination (`clear_stale_staging`), if its process ran on this host and no longer exists.
+Ctrl-C and SIGTERM remove the staging directories; one that a killed run left is found by its name and removed by
+the next conversion to the same destination (`clear_stale_staging`), if its process ran on this host and no longer
+exists. Writing a directory atomically is `path_hf.atomic`'s; only the names are the converter's.
 """
 
 from __future__ import annotations
