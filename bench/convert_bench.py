@@ -51,20 +51,15 @@ def write_synthetic_checkpoint(directory: Path, num_layers: int, shard_size: str
     import torch
     from transformers import LlamaConfig
 
-    from path_hf.conversion.architectures import ARCHITECTURES, SOURCE_TENSORS, config_dims, path_config_from
+    from path_hf.conversion.architectures import ARCHITECTURES, converted_layout, path_config_from
     from path_hf.conversion.io import SafetensorsWriter, TensorMeta, shard_file_names, split_into_shards, write_index
     from path_hf.conversion.options import parse_size
 
     config = LlamaConfig(**LLAMA3_8B, num_hidden_layers=num_layers, dtype="bfloat16")
     config.architectures = ["LlamaForCausalLM"]
     config.save_pretrained(directory)
-    dims = config_dims(path_config_from(config, ARCHITECTURES["LlamaForCausalLM"]))
-    tensors = [
-        TensorMeta(spec.name.format(layer=layer), torch.bfloat16, tuple(dims[dim] for dim in spec.shape))
-        for spec in SOURCE_TENSORS
-        if spec.when is None or dims[spec.when]
-        for layer in (range(num_layers) if "{layer}" in spec.name else [None])
-    ]
+    layout = converted_layout(path_config_from(config, ARCHITECTURES["LlamaForCausalLM"]))
+    tensors = [TensorMeta(name, torch.bfloat16, shape) for name, shape in layout.source.items()]
     shards = split_into_shards(tensors, parse_size(shard_size))
     names = shard_file_names(len(shards))
     generator = torch.Generator().manual_seed(0)

@@ -68,7 +68,7 @@ def write_synthetic_checkpoint(directory: Path, num_layers: int) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, PreTrainedTokenizerFast
 
-    from path_hf.conversion.architectures import ARCHITECTURES, SOURCE_TENSORS, config_dims, path_config_from
+    from path_hf.conversion.architectures import ARCHITECTURES, converted_layout, path_config_from
     from path_hf.conversion.io import SafetensorsWriter, TensorMeta, shard_file_names, split_into_shards, write_index
     from path_hf.conversion.options import parse_size
     from path_hf.conversion.verify import TEXT_FILE
@@ -76,13 +76,8 @@ def write_synthetic_checkpoint(directory: Path, num_layers: int) -> None:
     config = LlamaConfig(**LLAMA3_8B, num_hidden_layers=num_layers, dtype="bfloat16")
     config.architectures = ["LlamaForCausalLM"]
     config.save_pretrained(directory)
-    dims = config_dims(path_config_from(config, ARCHITECTURES["LlamaForCausalLM"]))
-    tensors = [
-        TensorMeta(spec.name.format(layer=layer), torch.bfloat16, tuple(dims[dim] for dim in spec.shape))
-        for spec in SOURCE_TENSORS
-        if spec.when is None or dims[spec.when]
-        for layer in (range(num_layers) if "{layer}" in spec.name else [None])
-    ]
+    layout = converted_layout(path_config_from(config, ARCHITECTURES["LlamaForCausalLM"]))
+    tensors = [TensorMeta(name, torch.bfloat16, shape) for name, shape in layout.source.items()]
     shards = split_into_shards(tensors, parse_size("2GB"))
     names = shard_file_names(len(shards))
     generator = torch.Generator().manual_seed(0)

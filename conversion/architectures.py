@@ -1,22 +1,25 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
-"""What the converter accepts, as data: the source architectures, how their configs become a `PaTHLlamaConfig`,
+"""What the converter accepts: the source architectures (as data), how their configs become a `PaTHLlamaConfig`,
 and the tensors a source checkpoint must hold.
 
 `PaTHLlamaConfig` describes each supported layout with a few flags (Qwen2: `attention_bias=True,
-attention_o_bias=False`; Qwen3: `qk_norm=True`), so a source tensor keeps its name in the output: the table
-`SOURCE_TENSORS` is both what is checked in the source and what is written.
+attention_o_bias=False`; Qwen3: `qk_norm=True`), so a source tensor keeps its name in the output. The layout is read
+off the converted model itself, built on the meta device (`converted_layout`): what is checked in the source is what
+PaTHLlama holds, and the new parameters are what its PaTH layers add.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import torch
+from torch import nn
 from transformers import PretrainedConfig
 
-from path_hf import PaTHLlamaConfig
+from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
 from path_hf.errors import ConversionError
+from path_hf.modeling_path_llama import PATH_MODULES, PaTHLlamaAttention, PaTHLlamaRoPEAttention
 from path_hf.ops import FLA_HEAD_DIMS
 
 from .io import TensorMeta
@@ -127,115 +130,88 @@ def path_config_from(source_config: PretrainedConfig, arch: Architecture, **path
 
 
 @dataclass(frozen=True)
-class TensorSpec:
-    """A tensor of the layout: name (with `{layer}` for each decoder layer), shape in `config_dims` names, and
-    the `config_dims` flag it depends on (None: always present)."""
+class Layout:
+    """The tensors of a converted checkpoint, as `PaTHLlamaForCausalLM` built on the meta device with the converted
+    config holds them."""
 
-    name: str
-    shape: tuple[str, ...]
-    when: str | None = None
-
-    @property
-    def pattern(self) -> re.Pattern:
-        return re.compile(re.escape(self.name).replace(re.escape("{layer}"), r"(?P<layer>\d+)"))
+    source: dict[str, tuple[int, ...]]  # what the source must hold too, under the same name: shapes, in model order
+    left_out: frozenset[str]  # what a source may also hold and is not copied
+    added: dict[int, dict[str, TensorMeta]]  # what each PaTH layer adds, by name in its attention, in model order
+    input_embeddings: str  # the name of the input embeddings
 
 
-_ATTN = "model.layers.{layer}.self_attn"
-_MLP = "model.layers.{layer}.mlp"
-SOURCE_TENSORS: tuple[TensorSpec, ...] = (
-    TensorSpec("model.embed_tokens.weight", ("vocab_size", "hidden_size")),
-    TensorSpec("model.layers.{layer}.input_layernorm.weight", ("hidden_size",)),
-    TensorSpec(f"{_ATTN}.q_proj.weight", ("q_dim", "hidden_size")),
-    TensorSpec(f"{_ATTN}.q_proj.bias", ("q_dim",), when="attention_bias"),
-    TensorSpec(f"{_ATTN}.k_proj.weight", ("kv_dim", "hidden_size")),
-    TensorSpec(f"{_ATTN}.k_proj.bias", ("kv_dim",), when="attention_bias"),
-    TensorSpec(f"{_ATTN}.v_proj.weight", ("kv_dim", "hidden_size")),
-    TensorSpec(f"{_ATTN}.v_proj.bias", ("kv_dim",), when="attention_bias"),
-    TensorSpec(f"{_ATTN}.o_proj.weight", ("hidden_size", "q_dim")),
-    TensorSpec(f"{_ATTN}.o_proj.bias", ("hidden_size",), when="attention_o_bias"),
-    TensorSpec(f"{_ATTN}.q_norm.weight", ("head_dim",), when="qk_norm"),
-    TensorSpec(f"{_ATTN}.k_norm.weight", ("head_dim",), when="qk_norm"),
-    TensorSpec("model.layers.{layer}.post_attention_layernorm.weight", ("hidden_size",)),
-    TensorSpec(f"{_MLP}.gate_proj.weight", ("intermediate_size", "hidden_size")),
-    TensorSpec(f"{_MLP}.gate_proj.bias", ("intermediate_size",), when="mlp_bias"),
-    TensorSpec(f"{_MLP}.up_proj.weight", ("intermediate_size", "hidden_size")),
-    TensorSpec(f"{_MLP}.up_proj.bias", ("intermediate_size",), when="mlp_bias"),
-    TensorSpec(f"{_MLP}.down_proj.weight", ("hidden_size", "intermediate_size")),
-    TensorSpec(f"{_MLP}.down_proj.bias", ("hidden_size",), when="mlp_bias"),
-    TensorSpec("model.norm.weight", ("hidden_size",)),
-    TensorSpec("lm_head.weight", ("vocab_size", "hidden_size"), when="untied_embeddings"),
-)
-
-# Source tensors that are not copied: RoPE's buffer (in old checkpoints), and a head tied to the embeddings.
-IGNORED_SOURCE_TENSORS: tuple[TensorSpec, ...] = (
-    TensorSpec(f"{_ATTN}.rotary_emb.inv_freq", ()),
-    TensorSpec("lm_head.weight", (), when="tied_embeddings"),
-)
+def path_parameters(attention: PaTHLlamaAttention) -> list[tuple[str, nn.Parameter]]:
+    """The parameters a PaTH layer adds to the source attention (`PATH_MODULES`), by their name in `attention`."""
+    return [(name, param) for name, param in attention.named_parameters() if name.split(".")[0] in PATH_MODULES]
 
 
-def config_dims(config: PaTHLlamaConfig) -> dict[str, int | bool]:
-    """The sizes and flags `SOURCE_TENSORS` is written in."""
-    return {
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.hidden_size,
-        "intermediate_size": config.intermediate_size,
-        "head_dim": config.head_dim,
-        "q_dim": config.num_attention_heads * config.head_dim,
-        "kv_dim": config.num_key_value_heads * config.head_dim,
-        "attention_bias": config.attention_bias,
-        "attention_o_bias": config.attention_o_bias,
-        "qk_norm": config.qk_norm,
-        "mlp_bias": config.mlp_bias,
-        "tied_embeddings": config.tie_word_embeddings,
-        "untied_embeddings": not config.tie_word_embeddings,
-    }
+def converted_layout(config: PaTHLlamaConfig) -> Layout:
+    """The layout of the model `config` describes, from the model itself: PaTHLlama with an architecture's flags
+    (`Architecture.config_overrides`) holds that architecture's tensors under their names, plus what its PaTH layers
+    add. A source may also hold a head tied to the embeddings, and (old checkpoints) RoPE's buffer in each attention
+    layer: both are left out."""
+    with torch.device("meta"):
+        model = PaTHLlamaForCausalLM(config)
+    parameters = dict(model.named_parameters())
+    left_out = set(dict(model.named_parameters(remove_duplicate=False))) - set(parameters)
+    added: dict[int, dict[str, TensorMeta]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, PaTHLlamaRoPEAttention):  # PaTHLlamaAttention too
+            left_out.add(f"{name}.rotary_emb.inv_freq")
+        if isinstance(module, PaTHLlamaAttention):
+            added[module.layer_idx] = {
+                local: TensorMeta(f"{name}.{local}", param.dtype, tuple(param.shape))
+                for local, param in path_parameters(module)
+            }
+    new = {tensor.name for layer in added.values() for tensor in layer.values()}
+    embeddings = model.get_input_embeddings().weight
+    return Layout(
+        source={name: tuple(param.shape) for name, param in parameters.items() if name not in new},
+        left_out=frozenset(left_out),
+        added=added,
+        input_embeddings=next(name for name, param in parameters.items() if param is embeddings),
+    )
 
 
-def _match(name: str, specs: Iterable[TensorSpec], dims: dict, num_layers: int) -> TensorSpec | None:
-    for spec in specs:
-        found = spec.pattern.fullmatch(name)
-        if found and (spec.when is None or dims[spec.when]):
-            if "layer" not in found.groupdict() or int(found["layer"]) < num_layers:
-                return spec
-    return None
+def _named_sizes(shape: tuple[int, ...], config: PaTHLlamaConfig) -> str:
+    """`"hidden_size x intermediate_size"`: each size named by the config field (or product) of that value."""
+    names: dict[int, str] = {}
+    for name, size in (
+        ("hidden_size", config.hidden_size),
+        ("intermediate_size", config.intermediate_size),
+        ("vocab_size", config.vocab_size),
+        ("head_dim", config.head_dim),
+        ("num_attention_heads * head_dim", config.num_attention_heads * config.head_dim),
+        ("num_key_value_heads * head_dim", config.num_key_value_heads * config.head_dim),
+    ):
+        names.setdefault(size, name)
+    return " x ".join(names.get(size, str(size)) for size in shape)
 
 
 def check_source_tensors(
-    tensors: Iterable[TensorMeta], config: PaTHLlamaConfig
+    tensors: Iterable[TensorMeta], layout: Layout, config: PaTHLlamaConfig
 ) -> tuple[list[TensorMeta], list[TensorMeta]]:
-    """The source tensors to copy and those to leave out (`IGNORED_SOURCE_TENSORS`), after checking every name
-    and shape against `SOURCE_TENSORS` and `config`.
+    """The source tensors to copy and those to leave out (`layout.left_out`), after checking every name and shape
+    against the `layout` of the converted model `config` describes.
 
     Raises `ConversionError` for a missing tensor, an unexpected one, or a shape that disagrees with the config.
     """
-    dims = config_dims(config)
     kept, ignored = [], []
     for tensor in tensors:
-        if _match(tensor.name, IGNORED_SOURCE_TENSORS, dims, config.num_hidden_layers):
+        if tensor.name in layout.left_out:
             ignored.append(tensor)
             continue
-        spec = _match(tensor.name, SOURCE_TENSORS, dims, config.num_hidden_layers)
-        if spec is None:
+        expected = layout.source.get(tensor.name)
+        if expected is None:
             raise ConversionError(f"unexpected tensor {tensor.name!r} in the source: not part of its config's layout.")
-        expected = tuple(dims[dim] for dim in spec.shape)
         if tensor.shape != expected:
             raise ConversionError(
                 f"tensor {tensor.name!r} has shape {list(tensor.shape)} but the config implies {list(expected)} "
-                f"({' x '.join(spec.shape)}): the weights do not belong to this config."
+                f"({_named_sizes(expected, config)}): the weights do not belong to this config."
             )
         kept.append(tensor)
     found = {tensor.name for tensor in kept}
-    missing = [
-        name
-        for spec in SOURCE_TENSORS
-        if spec.when is None or dims[spec.when]
-        for name in (
-            [spec.name.format(layer=i) for i in range(config.num_hidden_layers)]
-            if "{layer}" in spec.name
-            else [spec.name]
-        )
-        if name not in found
-    ]
+    missing = [name for name in layout.source if name not in found]
     if missing:
         raise ConversionError(f"the source lacks {len(missing)} tensor(s) its config implies, e.g. {missing[0]!r}.")
     return kept, ignored
@@ -244,12 +220,11 @@ def check_source_tensors(
 __all__ = [
     "ARCHITECTURES",
     "Architecture",
-    "IGNORED_SOURCE_TENSORS",
-    "SOURCE_TENSORS",
-    "TensorSpec",
+    "Layout",
     "check_attention",
     "check_source_config",
     "check_source_tensors",
-    "config_dims",
+    "converted_layout",
     "path_config_from",
+    "path_parameters",
 ]

@@ -47,9 +47,10 @@ from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME
 from path_hf.errors import ConversionError
 
 from .architectures import ARCHITECTURES
-from .convert import Source, check_destination, check_disk_space, staging_directory
 from .io import SafetensorsWriter, SourceTensor, SourceWeights, TensorMeta
 from .options import ConvertOptions
+from .sources import GGUFCheckpoint, Source
+from .staging import check_destination, check_disk_space, staging_directory
 
 GGUF_SUFFIX = ".gguf"
 # GGUF architectures transformers reads (config and tensor names) whose models path-hf converts. llama.cpp stores
@@ -301,23 +302,6 @@ def load_gguf_model(file: GGUFFile, dtype: torch.dtype) -> PreTrainedModel:
     return _model_class(config).from_pretrained(None, config=config, state_dict=state_dict, dtype=dtype)
 
 
-@dataclass(frozen=True)
-class GGUFCheckpoint:
-    """A GGUF file materialised as a checkpoint in `directory`, or only planned there (`weights` described from
-    the file's header, `model.safetensors` not written: what `--dry-run` needs)."""
-
-    file: GGUFFile
-    directory: Path
-    dtype: torch.dtype
-    weights: SourceWeights
-
-    def describe(self) -> str:
-        return f"{self.file.describe()}, dequantised to {str(self.dtype).removeprefix('torch.')}"
-
-    def record(self) -> dict:
-        return {**self.file.record(), "dtype": str(self.dtype).removeprefix("torch.")}
-
-
 def materialise(file: GGUFFile, directory: Path, dtype: torch.dtype, *, weights: bool = True) -> GGUFCheckpoint:
     """Write `file` into the empty `directory` as a transformers checkpoint: `config.json`, `generation_config.json`,
     the tokenizer files and, if `weights`, `model.safetensors` at `dtype` (the whole model dequantised in memory)."""
@@ -332,7 +316,7 @@ def materialise(file: GGUFFile, directory: Path, dtype: torch.dtype, *, weights:
     if not weights:  # what the plan reads of `model.safetensors`: names, dtypes and shapes
         weights_file = directory / SAFE_WEIGHTS_NAME
         planned = tuple(SourceTensor(meta.name, meta.dtype, meta.shape, weights_file, None) for meta in metas)
-        return GGUFCheckpoint(file, directory, dtype, SourceWeights("safetensors", (weights_file,), planned))
+        return _checkpoint(file, directory, dtype, SourceWeights("safetensors", (weights_file,), planned))
     state_dict = gguf_state_dict(file, config, dtype)
     read = {name: (tensor.dtype, tuple(tensor.shape)) for name, tensor in state_dict.items()}
     if read != {meta.name: (meta.dtype, meta.shape) for meta in metas}:
@@ -341,7 +325,11 @@ def materialise(file: GGUFFile, directory: Path, dtype: torch.dtype, *, weights:
     with SafetensorsWriter(directory / SAFE_WEIGHTS_NAME, metas) as writer:
         for meta in metas:
             writer.write_tensor(meta, state_dict.pop(meta.name))  # freed as it is written
-    return GGUFCheckpoint(file, directory, dtype, SourceWeights.from_directory(directory))
+    return _checkpoint(file, directory, dtype, SourceWeights.from_directory(directory))
+
+
+def _checkpoint(file: GGUFFile, directory: Path, dtype: torch.dtype, weights: SourceWeights) -> GGUFCheckpoint:
+    return GGUFCheckpoint(file.path, file.describe(), file.record(), directory, dtype, weights)
 
 
 @contextmanager
@@ -374,7 +362,6 @@ def gguf_source(options: ConvertOptions) -> Iterator[Source | None]:
 
 __all__ = [
     "DEFAULT_DTYPE",
-    "GGUFCheckpoint",
     "GGUFFile",
     "SUPPORTED_ARCHITECTURES",
     "find_gguf",

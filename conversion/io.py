@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub.constants import SAFETENSORS_WEIGHTS_FILE_PATTERN
 from safetensors import SafetensorError, safe_open
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
@@ -137,8 +138,8 @@ class SourceWeights:
             (WEIGHTS_INDEX_NAME, WEIGHTS_NAME),
         ):
             if (directory / index_name).is_file():
-                weight_map = _read_index(directory / index_name)
-                files = tuple(directory / name for name in sorted(set(weight_map.values())))
+                shard_names, weight_map = read_index(directory / index_name)
+                files = tuple(directory / name for name in shard_names)
                 break
             if (directory / single_name).is_file():
                 weight_map, files = None, (directory / single_name,)
@@ -174,14 +175,18 @@ class SourceWeights:
         return cls(fmt, files, tuple(tensors))
 
 
-def _read_index(path: Path) -> dict[str, str]:
+def read_index(path: Path) -> tuple[list[str], dict[str, str]]:
+    """The shard files a shard index lists (sorted) and its weight map, tensor name -> file name.
+
+    transformers' `get_checkpoint_shard_files` reads an index too, but requires its `metadata`, which the shards do
+    not need; this one asks for the weight map only, and says in one line what is wrong with a broken index."""
     try:
         weight_map = json.loads(path.read_text())["weight_map"]
     except (ValueError, KeyError, TypeError) as error:
         raise ConversionError(f"{path.name} is not a valid shard index ({error}).") from error
     if not isinstance(weight_map, dict) or not weight_map:
         raise ConversionError(f"{path.name} lists no tensors.")
-    return weight_map
+    return sorted(set(weight_map.values())), weight_map
 
 
 def read_safetensors_header(path: Path) -> list[SourceTensor]:
@@ -312,7 +317,12 @@ class SourceReader:
 
 
 def split_into_shards(tensors: Sequence[TensorMeta], max_shard_bytes: int) -> list[list[TensorMeta]]:
-    """Cut a stream of tensors, in order, into shards of at most `max_shard_bytes` (a bigger tensor gets its own)."""
+    """Cut a stream of tensors, in order, into shards of at most `max_shard_bytes` (a bigger tensor gets its own).
+
+    `huggingface_hub.split_state_dict_into_shards_factory` cuts the same way but for a tensor bigger than the limit:
+    it puts that tensor in a shard of its own ahead of the shard being filled, which then takes the tensors after it.
+    The shards would no longer hold the stream in order, and the writer relies on that order (a layer's new
+    parameters right after its last source tensor, each source shard read once, in data order)."""
     shards: list[list[TensorMeta]] = [[]]
     size = 0
     for tensor in tensors:
@@ -325,11 +335,14 @@ def split_into_shards(tensors: Sequence[TensorMeta], max_shard_bytes: int) -> li
 
 
 def shard_file_names(num_shards: int) -> list[str]:
-    """transformers' names: `model.safetensors` alone, else `model-00001-of-0000N.safetensors`."""
+    """The hub's names, as `save_pretrained` and the hub's splitter give them: `model.safetensors` alone, else
+    `model-00001-of-0000N.safetensors`."""
     if num_shards == 1:
-        return [SAFE_WEIGHTS_NAME]
-    stem, suffix = SAFE_WEIGHTS_NAME.rsplit(".", 1)
-    return [f"{stem}-{i:05d}-of-{num_shards:05d}.{suffix}" for i in range(1, num_shards + 1)]
+        return [SAFETENSORS_WEIGHTS_FILE_PATTERN.format(suffix="")]
+    return [
+        SAFETENSORS_WEIGHTS_FILE_PATTERN.format(suffix=f"-{i:05d}-of-{num_shards:05d}")
+        for i in range(1, num_shards + 1)
+    ]
 
 
 def write_index(directory: Path, shards: Sequence[Sequence[TensorMeta]], file_names: Sequence[str]) -> None:
@@ -337,14 +350,17 @@ def write_index(directory: Path, shards: Sequence[Sequence[TensorMeta]], file_na
     weight_map = {tensor.name: name for shard, name in zip(shards, file_names, strict=True) for tensor in shard}
     index = {
         "metadata": {"total_size": sum(tensor.nbytes for shard in shards for tensor in shard)},
-        "weight_map": dict(sorted(weight_map.items())),
+        "weight_map": weight_map,
     }
-    (directory / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    (directory / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
 class SafetensorsWriter:
     """Writes one `.safetensors` file whose tensors are known up front: the header first, then each tensor's
-    bytes in the header's order, so no more than one tensor is ever in memory."""
+    bytes in the header's order, so no more than one tensor is ever in memory.
+
+    Not safetensors' `save_file`, which serialises tensors held in memory: a tensor copied here goes file to file
+    (`copy_tensor`), bit-identical by construction, without passing through Python memory."""
 
     def __init__(self, path: Path, tensors: Sequence[TensorMeta], metadata: dict[str, str] | None = None):
         header: dict = {"__metadata__": {"format": "pt", **(metadata or {})}}
@@ -431,6 +447,7 @@ __all__ = [
     "TensorMeta",
     "count_nonfinite",
     "load_pytorch_file",
+    "read_index",
     "read_pytorch_header",
     "read_safetensors_header",
     "shard_file_names",

@@ -55,6 +55,15 @@ def parse_size(size: str) -> int:
     return int(size) if size.isdigit() else convert_file_size_to_int(size)
 
 
+def format_size(nbytes: int) -> str:
+    """Bytes as the converter prints them: `3_850_000_000` -> `"3.85 GB"` (decimal units, as `parse_size` reads)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if nbytes < 1000 or unit == "GB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.2f} {unit}"
+        nbytes /= 1000
+    raise AssertionError  # unreachable
+
+
 @dataclass(kw_only=True)
 class ConvertOptions:
     """Options of `path-hf convert`. Each field is one command-line flag (`--field-name` unless `flag` says
@@ -184,6 +193,7 @@ __all__ = [
     "VERIFY_TOLERANCE",
     "ConvertOptions",
     "format_layers",
+    "format_size",
     "parse_layers",
     "parse_size",
 ]

@@ -37,11 +37,11 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from path_hf.errors import ConversionError
 from path_hf.evaluation import token_nll
-from path_hf.modeling_path_llama import PaTHGain
+from path_hf.modeling_path_llama import LAYER_PARAMETER, PATH_GAIN_INIT, PaTHGain
 
-from .convert import ConversionPlan
 from .io import SourceReader, SourceTensor, SourceWeights
 from .options import VERIFY_TOLERANCE
+from .plan import ConversionPlan
 
 TEXT_FILE = Path(__file__).with_name("verify_text.txt")
 MAX_TOKENS = 256
@@ -131,12 +131,11 @@ def streamed_logits(
     resident = [
         name
         for name in model.state_dict()
-        if not name.startswith("model.layers.") and name not in (embeddings_name, output_name)
+        if not LAYER_PARAMETER.match(name) and name not in (embeddings_name, output_name)
     ]
     model.load_state_dict({name: load(name) for name in resident}, strict=False, assign=True)
 
-    def load_layer(layer_idx: int, layer: nn.Module, args) -> None:
-        prefix = f"model.layers.{layer_idx}."
+    def load_layer(prefix: str, layer: nn.Module, args) -> None:
         layer.load_state_dict({name: load(prefix + name) for name in layer.state_dict()}, assign=True)
         if prepare_layer is not None:
             prepare_layer(layer)
@@ -146,9 +145,10 @@ def streamed_logits(
         if observe is not None:
             observe(f"layer {layer_idx}'s output", output)
 
-    for layer_idx, layer in enumerate(model.model.layers):
-        layer.register_forward_pre_hook(partial(load_layer, layer_idx))
-        layer.register_forward_hook(partial(drop_layer, layer_idx))
+    for name, layer in model.named_modules():
+        if found := LAYER_PARAMETER.fullmatch(f"{name}."):  # a decoder layer
+            layer.register_forward_pre_hook(partial(load_layer, found[0]))
+            layer.register_forward_hook(partial(drop_layer, int(found["layer"])))
     with torch.no_grad():
         inputs_embeds = torch.cat([load(embeddings_name, slice(i, i + 1)) for i in input_ids[0].tolist()])[None]
         if observe is not None:
@@ -175,10 +175,11 @@ def relative_difference(output: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def identity_transforms(layer: nn.Module) -> None:
-    """Set every Householder transform of `layer` to the identity (and every forget gate to 1)."""
+    """Set every Householder transform of `layer` to the identity (and every forget gate to 1): its gains as
+    `path_init="identity"` starts them."""
     for module in layer.modules():
         if isinstance(module, PaTHGain):
-            module.weight.data.zero_()  # beta = 0: H_t = I; g = 0: forget gate 1
+            module.weight.data.fill_(PATH_GAIN_INIT["identity"])
 
 
 def _perplexity(logits: torch.Tensor, input_ids: torch.Tensor) -> float:

@@ -145,29 +145,14 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 # A parameter of decoder layer `layer` in a checkpoint: `model.layers.{layer}.` (Llama's layout, which PaTHLlama keeps).
 LAYER_PARAMETER = re.compile(r"model\.layers\.(?P<layer>\d+)\.")
 
-# The modules a PaTH layer adds to the source attention (FLA's names, and the gains), in registration order.
-PATH_MODULES = ("w_proj", "w_conv1d", "bt_proj", "bt_gain", "g_proj", "g_gain")
+# The modules a PaTH layer adds to the source attention (FLA's names, and the gains), in registration order; the
+# forget gate's come only with `path_forget_gate`.
+FORGET_GATE_MODULES = ("g_proj", "g_gain")
+PATH_MODULES = ("w_proj", "w_conv1d", "bt_proj", "bt_gain", *FORGET_GATE_MODULES)
 
-
-def init_path_parameters(module: nn.Module, config: PaTHLlamaConfig) -> None:
-    """Initialise the PaTH parameters (`PATH_MODULES`) of one `PaTHLlamaAttention`.
-
-    The single source of truth for how they start (`config.path_init`), used by `from_pretrained`, `post_init` and the
-    checkpoint converter: FLA's init (weights N(0, initializer_range), biases 0), the forget gate's bias
-    `path_forget_gate_bias`, and the gains 0 (`"identity"`) or 1. Parameters already loaded by `from_pretrained` are
-    left as they are.
-    """
-    for name in PATH_MODULES:
-        child = getattr(module, name, None)
-        for submodule in child.modules() if child is not None else ():
-            if isinstance(submodule, (nn.Linear, nn.Conv1d)):
-                init.normal_(submodule.weight, mean=0.0, std=config.initializer_range)
-                if submodule.bias is not None:
-                    init.zeros_(submodule.bias)
-            elif isinstance(submodule, PaTHGain):
-                init.constant_(submodule.weight, 0.0 if config.path_init == "identity" else 1.0)
-    if getattr(module, "g_proj", None) is not None:
-        init.constant_(module.g_proj.bias, config.path_forget_gate_bias)
+# A gain's initial weight for each `path_init`: 1 leaves beta and g as their projections make them (FLA's init), 0 makes
+# every Householder transform the identity and the forget gate 1.
+PATH_GAIN_INIT = {"default": 1.0, "identity": 0.0}
 
 
 class PaTHLlamaRoPEAttention(LlamaAttention):
@@ -366,17 +351,28 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
         w = l2_normalize(w.float().view(batch_size, seq_len, self.num_key_value_heads, self.head_dim))
 
         if static_decode or (past > 0 and seq_len == 1):
-            o = self._decode_step(q, k, v, w, beta, g, attention_mask, cache_layer)
+            o = self._decode_step(q, k, v, w, beta, g, attention_mask=attention_mask, cache_layer=cache_layer)
         elif past == 0:
             o, k_cache = self._path_attention(
-                q, k, v, w, beta, g, attention_mask, cu_seqlens, cache is not None, indices_q
+                q,
+                k,
+                v,
+                w,
+                beta,
+                g,
+                attention_mask=attention_mask,
+                cu_seqlens=cu_seqlens,
+                return_k_cache=cache is not None,
+                indices=indices_q,
             )
             if cache_layer is not None:
                 cache_layer.update(k_cache.transpose(1, 2), v.transpose(1, 2))
                 if g is not None:
                     cache_layer.update_gate(g)
         else:
-            o = self._chunked_prefill(q, k, v, w, beta, g, attention_mask, cache_layer, past)
+            o = self._chunked_prefill(
+                q, k, v, w, beta, g, attention_mask=attention_mask, cache_layer=cache_layer, past=past
+            )
         return self.o_proj(o.reshape(batch_size, seq_len, -1)), None
 
     def _cache_layer(self, cache: Cache) -> PaTHCacheLayer | PaTHStaticCacheLayer:
@@ -397,7 +393,7 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
             cache.layers[self.layer_idx] = layer
         return layer
 
-    def _path_attention(self, q, k, v, w, beta, g, attention_mask, cu_seqlens, return_k_cache, indices=None):
+    def _path_attention(self, q, k, v, w, beta, g, *, attention_mask, cu_seqlens, return_k_cache, indices=None):
         """`path_attention` over `[B, S]` rows (shapes as `path_attention`'s). Padding (`attention_mask` False) is
         dropped and each row, or each sequence of `cu_seqlens` over the flattened rows, is its own sequence. With
         `indices` (the real tokens among the flattened rows), `cu_seqlens` is over them and the mask is not read."""
@@ -429,7 +425,7 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
         )
         return unflatten(o), unflatten(k_cache) if return_k_cache else None
 
-    def _decode_step(self, q, k, v, w, beta, g, attention_mask, cache_layer) -> torch.Tensor:
+    def _decode_step(self, q, k, v, w, beta, g, *, attention_mask, cache_layer) -> torch.Tensor:
         """One new token: its transform updates the cached keys, then it attends to them like to a KV cache."""
         cache_layer.transform_keys(w[:, 0], beta[:, 0])
         keys, values = cache_layer.update(k.transpose(1, 2), v.transpose(1, 2))
@@ -450,7 +446,7 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
         )
         return o.transpose(1, 2)
 
-    def _chunked_prefill(self, q, k, v, w, beta, g, attention_mask, cache_layer, past: int) -> torch.Tensor:
+    def _chunked_prefill(self, q, k, v, w, beta, g, *, attention_mask, cache_layer, past: int) -> torch.Tensor:
         """Several new tokens after `past` cached ones: PaTH attention over [cached ; new] tokens, where the cached
         keys, already transformed, get beta = 0. The transformed keys it returns are the new cache."""
         batch_size = q.shape[0]
@@ -473,9 +469,9 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
             with_past(w.new_zeros(batch_size, past, *w.shape[2:]), w),
             with_past(beta.new_zeros(batch_size, past, beta.shape[2]), beta),
             g_all,
-            attention_mask,
-            None,
-            True,
+            attention_mask=attention_mask,
+            cu_seqlens=None,
+            return_k_cache=True,
         )
         cache_layer.update(k.transpose(1, 2), v.transpose(1, 2))
         cache_layer.replace_keys(k_cache.transpose(1, 2))
@@ -516,12 +512,36 @@ class PaTHLlamaPreTrainedModel(LlamaPreTrainedModel):
             if isinstance(layer, PaTHLlamaDecoderLayer) and isinstance(layer.self_attn, PaTHLlamaAttention):
                 layer.self_attn.gradient_checkpointing = layer.gradient_checkpointing
 
+    def _init_weights(self, module: nn.Module) -> None:
+        # Llama's init, N(0, initializer_range) for Linears and convolutions and biases 0, is FLA's for w_proj,
+        # w_conv1d, bt_proj and g_proj; PaTH's own are the gains and the forget gate's bias.
+        super()._init_weights(module)
+        if isinstance(module, PaTHGain):
+            init.constant_(module.weight, PATH_GAIN_INIT[self.config.path_init])
+        elif isinstance(module, PaTHLlamaAttention):
+            # Its PaTH modules from the attention too, so that a layer initialises alone (`init_path_parameters`).
+            # `post_init` and `from_pretrained` reach them first, as submodules, and draw them again here: the values
+            # that earlier versions drew, so a seeded model stays the same.
+            for name in PATH_MODULES:
+                child = getattr(module, name)
+                for submodule in child.modules() if child is not None else ():
+                    self._init_weights(submodule)
+            if module.g_proj is not None:
+                init.constant_(module.g_proj.bias, self.config.path_forget_gate_bias)
+
     def _initialize_weights(self, module: nn.Module, is_custom_code: bool = False) -> None:
-        # After its submodules' generic init: transformers skips the modules of custom code that own no parameter
-        # directly, as PaTHLlamaAttention, and its forget gate's bias is not a generic Linear's.
-        if isinstance(module, PaTHLlamaAttention) and not getattr(module, "_is_hf_initialized", False):
-            init_path_parameters(module, self.config)
-        super()._initialize_weights(module, is_custom_code)
+        # transformers skips a module of custom code that owns no parameter directly, as PaTHLlamaAttention, whose init
+        # sets the forget gate's bias. `_init_weights` uses transformers' init functions, which leave loaded parameters
+        # as they are, so it needs no such guard.
+        super()._initialize_weights(module, is_custom_code and not isinstance(module, PaTHLlamaAttention))
+
+
+def init_path_parameters(module: PaTHLlamaAttention, config: PaTHLlamaConfig) -> None:
+    """Initialise the PaTH parameters (`PATH_MODULES`) of one `PaTHLlamaAttention` held without its model, as
+    `from_pretrained` and `post_init` do (`PaTHLlamaPreTrainedModel._init_weights`): FLA's init (weights
+    N(0, initializer_range), biases 0), the forget gate's bias `path_forget_gate_bias`, the gains `PATH_GAIN_INIT`.
+    The source attention's parameters are left as they are. The checkpoint converter calls it for each layer."""
+    PaTHLlamaPreTrainedModel(config)._init_weights(module)
 
 
 class PaTHLlamaModel(PaTHLlamaPreTrainedModel):

@@ -15,6 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import path_hf  # noqa: F401  (registers path_llama)
 import path_hf.conversion.convert
+import path_hf.conversion.plan
+import path_hf.conversion.staging
 from path_hf.conversion.gguf import gguf_source
 from path_hf.conversion.options import ConvertOptions
 from path_hf.conversion.verify import TEXT_FILE
@@ -287,13 +289,13 @@ def test_not_enough_disk_space_counts_the_materialised_checkpoint(tmp_path, caps
     source = write_gguf(tmp_path / "model.gguf", tiny_model(), "llama", "Q4_0", tokenizer=False)
     options = ConvertOptions(source=str(source), output=str(tmp_path / "converted"), dry_run=True)
     with gguf_source(options) as materialised:
-        output_bytes = path_hf.conversion.convert.plan_conversion(options, materialised).bytes_to_write
+        output_bytes = path_hf.conversion.plan.plan_conversion(options, materialised).bytes_to_write
     weights = sum(int(tensor.n_elements) for tensor in gguf.GGUFReader(source).tensors) * 4  # in float32
     # Room for the output, not for the materialised checkpoint beside it.
-    free = path_hf.conversion.convert.disk_margin(2 * weights) + int(1.5 * weights)
-    assert path_hf.conversion.convert.disk_margin(output_bytes) + output_bytes < free
+    free = path_hf.conversion.staging.disk_margin(2 * weights) + int(1.5 * weights)
+    assert path_hf.conversion.staging.disk_margin(output_bytes) + output_bytes < free
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(
-        path_hf.conversion.convert.shutil, "disk_usage", lambda path: usage(10**12, 10**12 - free, free)
+        path_hf.conversion.staging.shutil, "disk_usage", lambda path: usage(10**12, 10**12 - free, free)
     )
     assert_refused(capsys, tmp_path, source, message="not enough free disk space")

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import path_hf
 from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
-from path_hf.conversion.convert import layer_seed
+from path_hf.conversion.write import layer_seed
 from tests.conversion.checkpoints import CHAT_TEMPLATE, make_source, read_tensors, run_cli
 
 LLAMA3_ROPE = {

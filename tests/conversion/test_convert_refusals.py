@@ -8,6 +8,7 @@ from safetensors.torch import load_file, save_file
 from transformers import GPT2Config, MistralConfig, MixtralConfig, Qwen2Config
 
 import path_hf.conversion.convert
+import path_hf.conversion.staging
 from path_hf.conversion.io import SafetensorsWriter
 from tests.conversion.checkpoints import TINY, make_source, run_cli
 
@@ -139,7 +140,7 @@ def test_not_enough_disk_space(tmp_path, capsys, monkeypatch):
     usage = namedtuple("usage", "total used free")
     # 529 KB to write and a 161 KB margin
     monkeypatch.setattr(
-        path_hf.conversion.convert.shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 10**6, 600_000)
+        path_hf.conversion.staging.shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 10**6, 600_000)
     )
     source = make_source(tmp_path / "source", "llama")
     err = assert_refused(capsys, tmp_path, source, message="not enough free disk space")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import path_hf.conversion.convert
+import path_hf.conversion.staging
 from tests.conversion.checkpoints import make_source, run_cli
 from tests.conversion.gguf_files import tiny_model, write_gguf
 
@@ -96,7 +96,7 @@ def running_process():
 
 def test_stale_staging_of_a_dead_process_is_removed(tmp_path, capsys, running_process):
     source = make_source(tmp_path / "source", "llama")
-    host = path_hf.conversion.convert._HOST
+    host = path_hf.conversion.staging._HOST
     dead = [
         plant(tmp_path / f".converted.tmp-{host}-{finished_process_id()}-0123abcd"),
         plant(tmp_path / f".converted.gguf-{host}-{finished_process_id()}-4567cdef"),
@@ -133,28 +133,28 @@ def test_stale_staging_of_a_dead_process_is_removed(tmp_path, capsys, running_pr
 
 def test_small_model_on_a_small_file_system(tmp_path, capsys, monkeypatch):
     """The margin grows with the output: 530 KB converts with 1 MB free (a fixed 256 MiB margin refused it)."""
-    monkeypatch.setattr(path_hf.conversion.convert.shutil, "disk_usage", lambda path: usage(10**6, 0, 10**6))
+    monkeypatch.setattr(path_hf.conversion.staging.shutil, "disk_usage", lambda path: usage(10**6, 0, 10**6))
     source = make_source(tmp_path / "source", "llama")
     code, out, err = run_cli(capsys, "convert", "--from", source, "--to", tmp_path / "converted")
     assert code == 0, err
     assert "write:        528.82 KB" in out
-    assert path_hf.conversion.convert.disk_margin(10**12) == 256 * 2**20  # still 256 MiB for big models
+    assert path_hf.conversion.staging.disk_margin(10**12) == 256 * 2**20  # still 256 MiB for big models
 
 
 def test_free_space_counts_stale_staging_and_names_what_other_conversions_hold(
     tmp_path, capsys, monkeypatch, running_process
 ):
     source = make_source(tmp_path / "source", "llama")
-    host = path_hf.conversion.convert._HOST
+    host = path_hf.conversion.staging._HOST
     stale = plant(tmp_path / f".converted.tmp-{host}-{finished_process_id()}-0123abcd", 400_000)
     # 529 KB to write + a 161 KB margin: short of 690 KB without the 400 KB of the dead process's directory.
-    monkeypatch.setattr(path_hf.conversion.convert.shutil, "disk_usage", lambda path: usage(10**6, 0, 400_000))
+    monkeypatch.setattr(path_hf.conversion.staging.shutil, "disk_usage", lambda path: usage(10**6, 0, 400_000))
     code, out, err = run_cli(capsys, "convert", "--from", source, "--to", tmp_path / "converted", "--dry-run")
     assert code == 0, err
     assert stale.is_dir()
 
     held = plant(tmp_path / f".converted.tmp-{host}-{running_process.pid}-89abcdef", 400_000)
-    monkeypatch.setattr(path_hf.conversion.convert.shutil, "disk_usage", lambda path: usage(10**6, 0, 200_000))
+    monkeypatch.setattr(path_hf.conversion.staging.shutil, "disk_usage", lambda path: usage(10**6, 0, 200_000))
     code, out, err = run_cli(capsys, "convert", "--from", source, "--to", tmp_path / "converted", "--dry-run")
     assert code == 1
     message = err.splitlines()[-1]

@@ -1,0 +1,250 @@
+# Copyright 2026 The path-hf authors. Apache-2.0.
+"""Plan a conversion from the source's config and shard headers alone: no tensor data is read.
+
+`plan_conversion` runs the steps in order, each refusing with a `ConversionError` what it cannot take: the destination,
+the source's config (architecture, attention, `--layers`), the converted config, every source tensor's name and shape
+against the converted model's layout, the output's tensors in the order they will be written and cut into shards,
+the other files to carry over, and the free disk space.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, PretrainedConfig
+from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME
+
+from path_hf import PaTHLlamaConfig
+from path_hf.errors import ConversionError
+from path_hf.modeling_path_llama import LAYER_PARAMETER
+
+from .architectures import (
+    Architecture,
+    Layout,
+    check_attention,
+    check_source_config,
+    check_source_tensors,
+    converted_layout,
+    path_config_from,
+)
+from .io import SourceTensor, SourceWeights, TensorMeta, split_into_shards
+from .options import UNRECORDED_OPTIONS, ConvertOptions, format_layers, format_size
+from .sources import WEIGHT_SUFFIXES, Source, fetch_weights, resolve_source
+from .staging import check_destination, check_disk_space
+
+# Top-level files of a source that are not carried over as they are: what the converter writes itself.
+_REPLACED_FILES = (CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME, "README.md")
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("path-hf")
+    except importlib.metadata.PackageNotFoundError:  # running from a source checkout
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class OutputTensor(TensorMeta):
+    """A tensor of the converted checkpoint: a copy of `source` (cast to `dtype`), or, when `source` is None, the new
+    PaTH parameter `parameter` (its name in the attention) of decoder layer `layer`."""
+
+    source: SourceTensor | None = None
+    layer: int | None = None
+    parameter: str | None = None
+
+
+@dataclass(frozen=True)
+class ConversionPlan:
+    """Everything a conversion will do, known before any tensor data is read."""
+
+    options: ConvertOptions
+    source: Source
+    architecture: Architecture
+    config: PaTHLlamaConfig
+    weights: SourceWeights
+    shards: tuple[tuple[OutputTensor, ...], ...]
+    extra_files: tuple[Path, ...]  # tokenizer, chat template, license... copied as they are
+    ignored: tuple[SourceTensor, ...] = ()  # source tensors left out (RoPE buffers, a tied head)
+
+    @property
+    def tensors(self) -> Iterator[OutputTensor]:
+        return (tensor for shard in self.shards for tensor in shard)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(tensor.nbytes for tensor in self.tensors)
+
+    @property
+    def bytes_to_write(self) -> int:
+        return self.weight_bytes + sum(path.stat().st_size for path in self.extra_files)
+
+    def describe(self) -> str:
+        """The plan in a few lines, as `--dry-run` prints it."""
+        config, opts = self.config, self.options
+        copied = [tensor for tensor in self.tensors if tensor.source is not None]
+        added = [tensor for tensor in self.tensors if tensor.source is None]
+        path_layers = config.path_layers if config.path_layers is not None else range(config.num_hidden_layers)
+        added_names = sorted({tensor.parameter for tensor in added})
+        revision = f" @ {self.source.revision}" if self.source.revision else ""
+        gguf = f" ({self.source.gguf.describe()})" if self.source.gguf else ""
+        dtype = str(config.dtype).removeprefix("torch.")
+        lines = [
+            f"source:       {self.source.name}{revision}{gguf}",
+            f"architecture: {self.architecture.name}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+            f"{config.num_attention_heads} heads ({config.num_key_value_heads} kv), head dim {config.head_dim}, "
+            f"{'tied' if config.tie_word_embeddings else 'untied'} embeddings",
+            f"PaTH layers:  {format_layers(path_layers)} ({len(path_layers)} of {config.num_hidden_layers}), rope "
+            f"{config.rope_mode}, forget gate {_gate(config)}, w_proj "
+            f"{'full rank' if config.path_w_rank is None else f'rank {config.path_w_rank}'}, conv size "
+            f"{config.path_conv_size}, init {config.path_init}, seed {opts.seed}",
+            f"copy:         {len(copied)} tensors, {format_size(sum(t.nbytes for t in copied))} from "
+            f"{len(self.weights.files)} {self.weights.format} file(s), written as {dtype}",
+            f"add:          {len(added)} tensors, {sum(math.prod(t.shape) for t in added):,} parameters, "
+            f"{format_size(sum(t.nbytes for t in added))} ({', '.join(added_names)})",
+        ]
+        if self.ignored:
+            lines.append(f"leave out:    {len(self.ignored)} tensor(s): {', '.join(t.name for t in self.ignored)}")
+        lines.append(
+            f"write:        {format_size(self.bytes_to_write)} in {len(self.shards)} shard(s) + "
+            f"{len(self.extra_files)} tokenizer/other file(s) to {Path(opts.output).resolve()}"
+        )
+        return "\n".join(lines)
+
+
+def _gate(config: PaTHLlamaConfig) -> str:
+    if not config.path_forget_gate:
+        return "off"
+    return f"on (bias {config.path_forget_gate_bias:g})" if config.path_forget_gate_bias else "on"
+
+
+def read_source_config(source: Source, options: ConvertOptions) -> tuple[Architecture, PretrainedConfig]:
+    """The source's architecture and config, checked: one path-hf converts, attention PaTH can replace, and
+    `--layers` inside the model."""
+    config_file = source.path / CONFIG_NAME
+    if not config_file.is_file():
+        raise ConversionError(f"{source.name} has no {CONFIG_NAME}; is it a transformers checkpoint?")
+    try:
+        raw_config = json.loads(config_file.read_text())
+    except ValueError as error:
+        raise ConversionError(f"{config_file} is not valid JSON ({error}).") from error
+    architecture = check_source_config(raw_config)
+    source_config = AutoConfig.from_pretrained(source.path)
+    check_attention(source_config, options.allow_torch_only_head_dim)
+    if options.layers is not None and max(options.layers) >= source_config.num_hidden_layers:
+        raise ConversionError(
+            f"--layers names layer {max(options.layers)}, but the model has {source_config.num_hidden_layers} layers "
+            f"(0-{source_config.num_hidden_layers - 1})."
+        )
+    return architecture, source_config
+
+
+def converted_config(
+    options: ConvertOptions, source: Source, architecture: Architecture, source_config: PretrainedConfig
+) -> PaTHLlamaConfig:
+    """The converted model's config: the source's, the options' PaTH fields, and the record of the conversion
+    (`path_conversion`)."""
+    return path_config_from(
+        source_config,
+        architecture,
+        rope_mode=options.rope,
+        path_layers=list(options.layers) if options.layers is not None else None,
+        path_forget_gate=options.forget_gate,
+        path_forget_gate_bias=options.forget_gate_bias,
+        path_w_rank=options.w_rank,
+        path_conv_size=options.conv_size,
+        path_init=options.init,
+        path_conversion={
+            "source": source.name,
+            "revision": source.revision,
+            **({"gguf": source.gguf.record()} if source.gguf else {}),
+            "options": {k: v for k, v in asdict(options).items() if k not in UNRECORDED_OPTIONS},
+            "path_hf_version": package_version(),
+        },
+    )
+
+
+def output_tensors(
+    copied: Sequence[SourceTensor], layout: Layout, dtype: torch.dtype, cast: Callable[[torch.dtype], torch.dtype]
+) -> list[OutputTensor]:
+    """The output's tensors in the order they are written: the source's in its order (shard by shard, data order
+    within a shard), each `cast`, and a PaTH layer's new parameters, at `dtype`, right after the layer's last source
+    tensor."""
+    layers = [int(found["layer"]) if (found := LAYER_PARAMETER.match(t.name)) else None for t in copied]
+    last_of_layer = {layer: index for index, layer in enumerate(layers) if layer is not None}
+    tensors: list[OutputTensor] = []
+    for index, (tensor, layer) in enumerate(zip(copied, layers, strict=True)):
+        tensors.append(OutputTensor(tensor.name, cast(tensor.dtype), tensor.shape, source=tensor))
+        if layer is not None and last_of_layer[layer] == index:
+            tensors.extend(
+                OutputTensor(new.name, dtype, new.shape, layer=layer, parameter=parameter)
+                for parameter, new in layout.added.get(layer, {}).items()
+            )
+    return tensors
+
+
+def extra_files(directory: Path) -> tuple[Path, ...]:
+    """The source's top-level files carried over as they are (tokenizer, chat template, licence...): not weights,
+    code, hidden files or what the converter writes itself."""
+    return tuple(
+        path
+        for path in sorted(directory.iterdir())
+        if path.is_file()
+        and not path.name.startswith(".")
+        and path.suffix not in (*WEIGHT_SUFFIXES, ".py")
+        and path.name not in _REPLACED_FILES
+    )
+
+
+def plan_conversion(options: ConvertOptions, source: Source | None = None) -> ConversionPlan:
+    """Check the source and the options, and lay out the output; reads configs and shard headers, no tensor data.
+    `source`: the source already resolved (a GGUF materialised by `conversion.gguf.gguf_source`).
+
+    Raises `ConversionError` for anything the converter refuses.
+    """
+    output = Path(options.output).expanduser()
+    source = source or resolve_source(options.source, options.revision)
+    check_destination(output, source.path, options.force)
+    architecture, source_config = read_source_config(source, options)
+    fetch_weights(source)
+    weights = source.gguf.weights if source.gguf else SourceWeights.from_directory(source.path)
+    config = converted_config(options, source, architecture, source_config)
+    layout = converted_layout(config)
+    copied, ignored = check_source_tensors(weights.tensors, layout, config)
+    # The checkpoint's dtype, which the new parameters take too: --dtype, or the source's embeddings'.
+    dtype = getattr(torch, options.dtype) if options.dtype else weights.tensor(layout.input_embeddings).dtype
+    config.dtype = dtype
+
+    def cast(tensor_dtype: torch.dtype) -> torch.dtype:
+        return dtype if options.dtype and tensor_dtype.is_floating_point else tensor_dtype
+
+    shards = split_into_shards(output_tensors(copied, layout, dtype, cast), options.max_shard_size)
+    plan = ConversionPlan(
+        options,
+        source,
+        architecture,
+        config,
+        weights,
+        tuple(tuple(shard) for shard in shards),
+        extra_files(source.path),
+        tuple(ignored),
+    )
+    check_disk_space(output, plan.bytes_to_write)
+    return plan
+
+
+__all__ = [
+    "ConversionPlan",
+    "OutputTensor",
+    "converted_config",
+    "extra_files",
+    "output_tensors",
+    "package_version",
+    "plan_conversion",
+    "read_source_config",
+]
