@@ -26,15 +26,14 @@ import time
 from pathlib import Path
 
 import torch
+from precision import precision_drift  # beside this script, which runs as one (its folder is on sys.path)
+
+import path_hf  # noqa: F401  (registers PaTHLlama)
+from path_hf.conversion.loading import load_causal_lm, load_tokenizer
+from path_hf.evaluation import read_texts, tokenize_stream
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))
-from precision import precision_drift  # noqa: E402
-
-import path_hf  # noqa: E402, F401  (registers PaTHLlama)
-from path_hf.conversion.loading import load_causal_lm, load_tokenizer  # noqa: E402
-from path_hf.evaluation import read_texts, tokenize_stream  # noqa: E402
 
 PROMPTS = (
     "What is the capital of France?",
