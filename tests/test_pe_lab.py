@@ -236,8 +236,9 @@ def test_the_lab_pipeline(tmp_path):
     assert completed.returncode == 0, completed.stderr[-3000:]
     report = json.loads((out / "results.json").read_text())
     assert set(report["summary"]) == {"key-copy", "flip-flop", "text"}
-    labels = {encoding.label for encoding in ENCODINGS.values()} | set(RESCALED_ROPE.values())
     for task, result in report["summary"].items():
+        encodings = report["settings"]["plan"][task]["encodings"]
+        labels = {ENCODINGS[encoding].label for encoding in encodings} | set(RESCALED_ROPE.values())
         assert set(result["rows"]) == labels, task
         train_length = result["train_length"]
         lengths = {str(m * train_length) for m in report["settings"]["plan"][task]["multiples"]}

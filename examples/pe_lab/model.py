@@ -56,14 +56,14 @@ class LabAttention(nn.Module):
             proj(hidden).view(B, T, self.num_heads, self.head_dim) for proj in (self.q_proj, self.k_proj, self.v_proj)
         )
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, probabilities: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """With a list as `probabilities`, this layer's attention `[B, H, T, T]` is appended to it."""
         q, k, v = self.heads(hidden)
-        return self.o_proj(self.position(q, k, v, hidden).flatten(2))
-
-    def probabilities(self, hidden: torch.Tensor) -> torch.Tensor:
-        """This layer's attention probabilities `[B, H, T, T]` for the far-mass measurement."""
-        q, k, _ = self.heads(hidden)
-        return self.position.probabilities(q, k, hidden)
+        if probabilities is None:
+            return self.o_proj(self.position(q, k, v, hidden).flatten(2))
+        out, layer_probabilities = self.position.attend(q, k, v, hidden)
+        probabilities.append(layer_probabilities)
+        return self.o_proj(out.flatten(2))
 
 
 class LabBlock(nn.Module):
@@ -79,10 +79,7 @@ class LabBlock(nn.Module):
         )
 
     def forward(self, hidden: torch.Tensor, probabilities: list[torch.Tensor] | None = None) -> torch.Tensor:
-        normed = self.input_layernorm(hidden)
-        if probabilities is not None:
-            probabilities.append(self.self_attn.probabilities(normed))
-        hidden = hidden + self.self_attn(normed)
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), probabilities)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 

@@ -4,12 +4,13 @@
 An encoding is the attention core of a layer: it receives the projected heads `q, k, v` `[B, T, H, D]` and the layer's
 normalised input `hidden` `[B, T, C]` (which data-dependent encodings read), and returns the causal attention output
 `[B, T, H, D]`. Every encoding but PaTH computes explicit logits (`logits`), so that the probabilities the model uses
-are exactly those the far-mass measurement reads (`probabilities`). Absolute encodings (sinusoidal, learned) add to
-the token embeddings instead (`ABSOLUTE`) and leave the attention as NoPE.
+are exactly those the far-mass measurement reads (`attend` returns both); PaTH attends through `path_hf.ops` and
+computes its probabilities apart, as decoding would. Absolute encodings (sinusoidal, learned) add a table to the
+token embeddings instead (`Encoding.absolute`) and leave the attention as NoPE.
 
-    logits_ij = scale * q_i . k_j + bias_ij             bias: T5 buckets, ALiBi's -m |i - j|, or 0
-    RoPE:        q_i -> R(i theta) q_i,  k_j -> R(j theta) k_j          (score depends on i - j only)
-    SO(2) route: q_i -> R(Phi_i) q_i,    k_j -> R(Phi_j) k_j,   Phi_t = phi_1 + ... + phi_t  (angles of the tokens)
+    logits_ij = scale * q_i . k_j + bias_ij             bias: T5 buckets, ALiBi's -m (i - j), or 0
+    RoPE:        q_i . R((j - i) theta) k_j                   (q_i turned by i theta, k_j by j theta)
+    SO(2) route: q_i . R(Phi_i - Phi_j) k_j,   Phi_t = phi_1 + ... + phi_t   (the tokens' own angles, accumulated)
     PaTH:        q_i . H_i H_{i-1} ... H_{j+1} k_j,   H_t = I - beta_t w_t w_t^T         (path_hf.ops)
 
 Rotations turn the plane of dims (p, p + D/2) of each head, transformers' `rotate_half` convention.
@@ -87,8 +88,15 @@ class NoPE(nn.Module):
         """Attention probabilities `[B, H, T, T]` (rows sum to 1 over j <= i)."""
         return self.logits(q, k, hidden).softmax(-1)
 
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output `[B, T, H, D]` and the probabilities it was computed with `[B, H, T, T]`."""
+        probabilities = self.probabilities(q, k, hidden)
+        return torch.einsum("bhij,bjhd->bihd", probabilities, v), probabilities
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.einsum("bhij,bjhd->bihd", self.probabilities(q, k, hidden), v)
+        return self.attend(q, k, v, hidden)[0]
 
 
 # Absolute encodings: added to the token embeddings once, at the input (`ABSOLUTE`); the layers attend as NoPE.
@@ -114,7 +122,7 @@ class Sinusoidal(nn.Module):
 class LearnedAbsolute(nn.Module):
     """A trained vector per position added to the token embeddings (BERT, GPT-2; seed 002 §"Learned PE"). The table
     has a row for every evaluated position, but training only moves the first `train_length`: longer contexts read
-    rows still at their initial values, which is what "no encoding was learned for that position" means."""
+    rows at their initial values (weight decay aside), which is what "no encoding was learned there" means."""
 
     def __init__(self, shape: Shape) -> None:
         super().__init__()
@@ -293,13 +301,15 @@ class AccumulatedSO2(NoPE):
     def logits(self, q: torch.Tensor, k: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         return self.logits_along(q, k, self.route_angles(hidden))
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         phi = self.route_angles(hidden)  # one draw for the scores and the values alike
-        probs = self.logits_along(q, k, phi).softmax(-1)
+        probabilities = self.logits_along(q, k, phi).softmax(-1)
         if not self.values:
-            return torch.einsum("bhij,bjhd->bihd", probs, v)
+            return torch.einsum("bhij,bjhd->bihd", probabilities, v), probabilities
         # P_{j->i} v_j = R(Phi_i) R(-Phi_j) v_j: move the values to the common frame, and the output back to i's
-        return rotate(torch.einsum("bhij,bjhd->bihd", probs, rotate(v, -phi)), phi)
+        return rotate(torch.einsum("bhij,bjhd->bihd", probabilities, rotate(v, -phi)), phi), probabilities
 
 
 # PaTH.
@@ -352,6 +362,11 @@ class PaTH(NoPE):
         w, beta, g = self.householder(hidden)
         o, _ = path_attention(q, k, v, w, beta, g, backend="torch", chunk_size=self.chunk_size)
         return o
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self(q, k, v, hidden), self.probabilities(q, k, hidden)
 
 
 @dataclass(frozen=True)

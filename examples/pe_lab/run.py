@@ -60,19 +60,18 @@ TEXT_KEY = ("rope", "alibi", "so2-random-qk", "so2-random-qkv", "path")
 FULL_PLAN = {
     "text": TaskPlan(tuple(ENCODINGS), TEXT_KEY, steps=300, batch=16, lr=3e-3, train_length=64,
                      multiples=(1, 2, 4, 8, 16, 32), eval_tokens=8192, far_mass=True),
-    "key-copy": TaskPlan(("nope", "alibi", "rope", "so2-learned-qkv", "path", "path-fox"), ("rope", "path"),
-                         steps=1500, batch=64, lr=3e-3, train_length=32, multiples=(1, 2, 4, 8, 16, 32),
-                         eval_tokens=8192, model=SMALL),
+    "key-copy": TaskPlan(("nope", "alibi", "rope", "path"), ("rope", "path"), steps=1500, batch=32, lr=3e-3,
+                         train_length=32, multiples=(1, 2, 4, 8, 16, 32), eval_tokens=8192, model=SMALL),
     "flip-flop": TaskPlan(("nope", "learned", "alibi", "rope", "so2-learned-qkv", "path", "path-fox"),
                           ("rope", "path"), steps=400, batch=32, lr=3e-3, train_length=64, multiples=(1, 2, 4, 8, 16),
                           eval_tokens=16384, model=SMALL),
 }  # fmt: skip
+# The same grid with a tiny model, two steps and short lengths: it runs every part of the pipeline in seconds.
+TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64}
 QUICK_PLAN = {
-    task: TaskPlan(tuple(ENCODINGS), (), steps=2, batch=4, lr=3e-3, train_length=16, multiples=(1, 2, 4),
-                   eval_tokens=256, model={"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64},
-                   far_mass=task == "text")
-    for task in TASKS
-}  # fmt: skip
+    task: replace(plan, steps=2, batch=4, train_length=16, multiples=(1, 2, 4), eval_tokens=256, model=TINY)
+    for task, plan in FULL_PLAN.items()
+}
 
 
 @dataclass
@@ -149,34 +148,36 @@ def batches(input_ids: torch.Tensor, targets: torch.Tensor, length: int):
         yield input_ids[start : start + size], targets[start : start + size]
 
 
+def far_mass(probabilities: list[torch.Tensor], distance: int) -> list[float]:
+    """Per layer: the attention mass on keys more than `distance` tokens back, averaged over heads and over the queries
+    of the window's last quarter (those with the most far keys)."""
+    length = probabilities[0].shape[-1]
+    position = torch.arange(length)
+    far = (position[:, None] - position[None, :]) > distance  # [T, T]
+    queries = slice(3 * length // 4, length)
+    return [(p * far).sum(-1)[..., queries].mean().item() for p in probabilities]
+
+
 @torch.no_grad()
-def score(model: LabDecoder, task, input_ids: torch.Tensor, targets: torch.Tensor) -> float:
-    """Accuracy (argmax) of the scored tokens, or perplexity."""
+def score(
+    model: LabDecoder, task, input_ids: torch.Tensor, targets: torch.Tensor, far_distance: int | None = None
+) -> tuple[float, list[float] | None]:
+    """Accuracy (argmax) of the scored tokens, or perplexity; and, given `far_distance`, the far mass of each layer
+    (`far_mass`) on the first batch."""
     torch.manual_seed(EVAL_SEED)
-    total, count = 0.0, 0
+    total, count, mass = 0.0, 0, None
     for ids, tgt in batches(input_ids, targets, input_ids.shape[1]):
-        logits = model(ids)
+        probabilities = [] if far_distance is not None and mass is None else None
+        logits = model(ids, probabilities)
+        if probabilities:
+            mass = far_mass(probabilities, far_distance)
         scored = tgt != IGNORE_INDEX
         if task.metric == "accuracy":
             total += (logits.argmax(-1) == tgt)[scored].sum().item()
         else:
             total += token_nll(logits, tgt).sum().item()
         count += scored.sum().item()
-    return total / count if task.metric == "accuracy" else math.exp(total / count)
-
-
-@torch.no_grad()
-def far_mass(model: LabDecoder, input_ids: torch.Tensor, distance: int) -> list[float]:
-    """Per layer: the attention mass on keys further than `distance` from the query, averaged over heads and over the
-    queries of the window's last quarter (those with the most far keys), on up to two windows."""
-    torch.manual_seed(EVAL_SEED)
-    length = input_ids.shape[1]
-    probabilities: list[torch.Tensor] = []
-    model(input_ids[:2], probabilities)
-    position = torch.arange(length)
-    far = (position[:, None] - position[None, :]) > distance  # [T, T]
-    queries = slice(3 * length // 4, length)
-    return [(p * far).sum(-1)[..., queries].mean().item() for p in probabilities]
+    return (total / count if task.metric == "accuracy" else math.exp(total / count)), mass
 
 
 def run_job(job: Job) -> dict:
@@ -194,9 +195,10 @@ def run_job(job: Job) -> dict:
         input_ids, targets = eval_data(task, length, job.plan.eval_tokens)
         for label, rescaling in labels_of(job.encoding).items():
             with model.rescaled_rope(rescaling) if job.encoding == "rope" else contextlib.nullcontext():
-                metric[label][length] = score(model, task, input_ids, targets)
-                if job.plan.far_mass:
-                    mass[label][length] = far_mass(model, input_ids, job.far_distance)
+                far_distance = job.far_distance if job.plan.far_mass else None
+                metric[label][length], layers = score(model, task, input_ids, targets, far_distance)
+                if layers is not None:
+                    mass[label][length] = layers
     return {
         "task": job.task,
         "encoding": job.encoding,
