@@ -108,7 +108,7 @@ class LabDecoder(nn.Module):
         """Logits `[B, T, V]`; with a list as `probabilities`, every layer appends its attention `[B, H, T, T]`."""
         hidden = self.embed_tokens(input_ids)
         if self.embed_positions is not None:
-            hidden = hidden + self.embed_positions(input_ids.shape[1])
+            hidden = self.embed_positions(hidden)
         for layer in self.layers:
             hidden = layer(hidden, probabilities)
         return self.norm(hidden) @ self.embed_tokens.weight.T

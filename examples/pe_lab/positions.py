@@ -104,7 +104,9 @@ class NoPE(nn.Module):
 
 class Sinusoidal(nn.Module):
     """Fixed sinusoids added to the token embeddings (Vaswani et al., 2017, §3.5; seeds 002 and 004 §"Absolute
-    sinusoidal"): PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d))."""
+    sinusoidal"): PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)). As in the paper
+    (§3.4) the embeddings are multiplied by sqrt(d) first; without it the O(1) sinusoids drown the 0.02-scale token
+    embeddings."""
 
     def __init__(self, shape: Shape) -> None:
         super().__init__()
@@ -113,10 +115,11 @@ class Sinusoidal(nn.Module):
         angle = position / 10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
         table = torch.stack([angle.sin(), angle.cos()], -1).flatten(-2)  # interleaved: dims 2i, 2i+1
         self.register_buffer("table", table, persistent=False)
+        self.embedding_scale = math.sqrt(d)
 
-    def forward(self, length: int) -> torch.Tensor:
-        """`[T, C]` to add to the embeddings of positions 0..T-1."""
-        return self.table[:length]
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """The input of the first layer, from the token embeddings `[B, T, C]` of positions 0..T-1."""
+        return embeddings * self.embedding_scale + self.table[: embeddings.shape[1]]
 
 
 class LearnedAbsolute(nn.Module):
@@ -128,8 +131,8 @@ class LearnedAbsolute(nn.Module):
         super().__init__()
         self.table = nn.Embedding(shape.max_length, shape.hidden_size)
 
-    def forward(self, length: int) -> torch.Tensor:
-        return self.table.weight[:length]
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        return embeddings + self.table.weight[: embeddings.shape[1]]
 
 
 # Additive biases on the logits.

@@ -56,7 +56,7 @@ class TaskPlan:
 # The synthetic tasks take a quarter of the text model (hidden 64, 2 layers of 2 heads: 0.1M parameters): it solves
 # them, and the budget then fits three seeds of their key rows.
 SMALL = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 256}
-TEXT_KEY = ("rope", "alibi", "so2-random-qk", "so2-random-qkv", "path")
+TEXT_KEY = ("rope", "alibi", "so2-random-qk", "so2-random-qkv", "so2-learned-qk", "so2-learned-qkv", "path")
 FULL_PLAN = {
     "text": TaskPlan(tuple(ENCODINGS), TEXT_KEY, steps=300, batch=16, lr=3e-3, train_length=64,
                      multiples=(1, 2, 4, 8, 16, 32), eval_tokens=8192, far_mass=True),
