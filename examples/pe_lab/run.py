@@ -27,10 +27,11 @@ from pathlib import Path
 import torch
 
 from path_hf.arguments import add_arguments, from_arguments
-from path_hf.evaluation import IGNORE_INDEX, plot_lengths, token_nll
+from path_hf.evaluation import IGNORE_INDEX, token_nll
 
 from .model import LabConfig, LabDecoder
-from .positions import ENCODINGS, RESCALED_ROPE, RESCALINGS
+from .positions import ENCODINGS
+from .report import labels_of, row_order, summary, with_int_keys, write
 from .tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,6 +87,7 @@ class LabOptions:
         default=32, metadata={"help": "keys further than this from the query are far (default: 32)"}
     )
     quick: bool = field(default=False, metadata={"help": "tiny model, 2 steps, 1 seed: checks the pipeline"})
+    replot: bool = field(default=False, metadata={"help": "redraw the tables and plots from OUTPUT/results.json"})
 
 
 @dataclass(frozen=True)
@@ -96,14 +98,6 @@ class Job:
     plan: TaskPlan
     model: LabConfig
     far_distance: int
-
-
-def labels_of(encoding: str) -> dict[str, str | None]:
-    """The rows one trained model gives: {label: RoPE rescaling}; RoPE also gives one row per test-time rescaling."""
-    rows: dict[str, str | None] = {ENCODINGS[encoding].label: None}
-    if encoding == "rope":
-        rows |= {RESCALED_ROPE[f"rope+{rescaling}"]: rescaling for rescaling in RESCALINGS}
-    return rows
 
 
 def lr_at(step: int, plan: TaskPlan) -> float:
@@ -234,112 +228,15 @@ def jobs_for(plan: dict[str, TaskPlan], options: LabOptions) -> list[Job]:
     )
 
 
-def summarise(values: list[float]) -> dict:
-    return {
-        "mean": statistics.fmean(values),
-        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "min": min(values),
-        "max": max(values),
-        "seeds": len(values),
-    }
-
-
-def row_order(label: str) -> int:
-    """Rows in the order of `ENCODINGS`, each RoPE rescaling after RoPE."""
-    labels = [row for encoding in ENCODINGS for row in labels_of(encoding)]
-    return labels.index(label)
-
-
-def summary(runs: list[dict], plan: dict[str, TaskPlan]) -> dict:
-    """Per task and row, over seeds: the metric by length (text: also its ratio to the training length) and the far
-    mass (mean over layers) by length."""
-    out: dict = {}
-    for task_name, task_plan in plan.items():
-        text = TASKS[task_name].metric == "perplexity"
-        per_row: dict[str, dict[str, dict]] = {}
-        for run in (r for r in runs if r["task"] == task_name):
-            for label, by_length in run["metric"].items():
-                row = per_row.setdefault(label, {"metric": {}, "ratio": {}, "far_mass": {}})
-                for length, value in by_length.items():
-                    row["metric"].setdefault(length, []).append(value)
-                    if text:
-                        row["ratio"].setdefault(length, []).append(value / by_length[task_plan.train_length])
-                for length, layers in run["far_mass"].get(label, {}).items():
-                    row["far_mass"].setdefault(length, []).append(statistics.fmean(layers))
-        out[task_name] = {
-            "metric": TASKS[task_name].metric,
-            "train_length": task_plan.train_length,
-            "rows": {
-                label: {kind: {n: summarise(v) for n, v in values.items()} for kind, values in per_row[label].items()}
-                for label in sorted(per_row, key=row_order)
-            },
-        }
-    return out
-
-
-def cell(stats: dict, digits: int) -> str:
-    """`mean ± std` over seeds (the mean alone for one seed)."""
-    text = f"{stats['mean']:.{digits}f}"
-    return text + f" ± {stats['std']:.{digits}f}" if stats["seeds"] > 1 else text
-
-
-def tables(summaries: dict, far_distance: int) -> str:
-    """The Markdown tables: per task the metric by length, and the far mass where measured."""
-    lines = []
-    for task_name, result in summaries.items():
-        rows, train_length = result["rows"], result["train_length"]
-        lengths = sorted({n for row in rows.values() for n in row["metric"]})
-        text = result["metric"] == "perplexity"
-        what = "perplexity ratio to the training length" if text else "accuracy"
-        lines += [f"### {task_name}: {what}, trained at {train_length} (mean ± std over seeds)", ""]
-        head = ["encoding"] + ([f"ppl at {train_length}"] if text else []) + [f"{n // train_length}x" for n in lengths]
-        lines += ["| " + " | ".join(head + ["seeds"]) + " |", "|" + " --- |" * (len(head) + 1)]
-        for label, row in rows.items():
-            values = row["ratio" if text else "metric"]
-            cells = [cell(row["metric"][train_length], 2)] if text else []
-            cells += [cell(values[n], 2 if text else 3) for n in lengths]
-            lines.append(f"| {label} | " + " | ".join(cells) + f" | {values[train_length]['seeds']} |")
-        lines.append("")
-        if any(row["far_mass"] for row in rows.values()):
-            lines += [
-                f"### {task_name}: attention mass on keys more than {far_distance} tokens back (queries of the last "
-                "quarter of the window, mean over heads and layers)",
-                "",
-                "| encoding | " + " | ".join(f"{n // train_length}x" for n in lengths) + " |",
-                "|" + " --- |" * (len(lengths) + 1),
-            ]
-            for label, row in rows.items():
-                lines.append(f"| {label} | " + " | ".join(cell(row["far_mass"][n], 3) for n in lengths) + " |")
-            lines.append("")
-    return "\n".join(lines)
-
-
-def plots(summaries: dict, out: Path) -> None:
-    """`<task>.png` (the metric, or the perplexity ratio, against length) and `<task>-far-mass.png`."""
-    for task_name, result in summaries.items():
-        text = result["metric"] == "perplexity"
-        rows = result["rows"]
-        means = {
-            label: {n: s["mean"] for n, s in row["ratio" if text else "metric"].items()} for label, row in rows.items()
-        }
-        ylabel = "perplexity ratio to the training length" if text else "accuracy"
-        plot_lengths(means, out / f"{task_name}.png", result["train_length"], ylabel=ylabel,
-                     title=f"{task_name}: {ylabel} (mean over seeds)")  # fmt: skip
-        far = {label: {n: s["mean"] for n, s in row["far_mass"].items()} for label, row in rows.items()}
-        if any(far.values()):
-            plot_lengths(far, out / f"{task_name}-far-mass.png", result["train_length"], ylabel="far attention mass",
-                         title=f"{task_name}: attention mass on far keys")  # fmt: skip
-
-
-def _with_int_keys(run: dict) -> dict:
-    # a run comes back from its worker as it will be written: lengths as JSON keys (strings) become ints again
-    return json.loads(json.dumps(run), object_hook=lambda d: {int(k) if k.isdigit() else k: v for k, v in d.items()})
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(parser, LabOptions)
     options = from_arguments(parser.parse_args(argv), LabOptions)
+    if options.replot:
+        report = json.loads((options.output / "results.json").read_text())
+        write(report, options.output, report["settings"]["far_distance"])
+        print(f"pe_lab: tables and plots redrawn in {options.output}")
+        return 0
     if options.quick:
         options = replace(options, seeds=1, far_distance=4)
     plan = {task: (QUICK_PLAN if options.quick else FULL_PLAN)[task] for task in options.tasks}
@@ -358,18 +255,14 @@ def main(argv: list[str] | None = None) -> int:
             took = f"({run['train_seconds']:.0f} s + {run['eval_seconds']:.0f} s)"
             print(f"{where} {run['task']} {run['encoding']} seed {run['seed']} {took}: {shown}", flush=True)
     runs = [
-        _with_int_keys(run)
+        with_int_keys(run)
         for run in sorted(runs, key=lambda r: (r["task"], row_order(ENCODINGS[r["encoding"]].label), r["seed"]))
     ]
-    summaries = summary(runs, plan)
     settings = {key: str(value) if isinstance(value, Path) else value for key, value in asdict(options).items()}
     settings |= {"plan": {task: asdict(p) for task, p in plan.items()}, "torch": torch.__version__,
                  "wall_seconds": round(time.time() - start, 1)}  # fmt: skip
-    report = {"settings": settings, "summary": summaries, "runs": runs}
-    (options.output / "results.json").write_text(json.dumps(report, indent=1) + "\n")
-    markdown = tables(summaries, options.far_distance)
-    (options.output / "results.md").write_text(markdown + "\n")
-    plots(summaries, options.output)
+    summaries = summary(runs, {task: task_plan.train_length for task, task_plan in plan.items()})
+    markdown = write({"settings": settings, "summary": summaries, "runs": runs}, options.output, options.far_distance)
     print("\n" + markdown)
     print(f"pe_lab: {len(jobs)} runs in {(time.time() - start) / 60:.1f} min; results in {options.output}")
     return 0
