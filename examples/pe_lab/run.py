@@ -1,5 +1,6 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
-"""The positional-encoding lab: train every encoding on every task at one length, evaluate at 1x-16x (32x for text).
+"""The positional-encoding lab: the grid of encodings and tasks (`FULL_PLAN`), each trained at one length and evaluated
+at 1x-16x or 32x its training length.
 
 ```
 python -m examples.pe_lab                      # the full grid (what `make lab` runs); output in runs/pe_lab
