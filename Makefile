@@ -41,7 +41,7 @@ lint: install
 demo: install
 	$(PY) examples/demo.py --output runs/demo
 
-# The positional-encoding lab (examples/pe_lab/README.md): twelve encodings on three tasks, ~25 minutes on 2 cores.
+# The positional-encoding lab (examples/pe_lab/README.md): twelve encodings on three tasks, ~22 minutes on 2 cores.
 lab: install
 	$(PY) -m examples.pe_lab --output runs/pe_lab
 
