@@ -16,13 +16,11 @@ A flat file, as `ops.py` explains: a checkpoint's remote code copies it beside t
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from itertools import pairwise
 
 import torch
-from torch.utils.checkpoint import checkpoint
+from torch.autograd.function import once_differentiable
 
 # Block diagonals walked between two activation checkpoints when training, when the walk would keep more than
 # _CHECKPOINT_ABOVE_BYTES for backward (short sequences keep everything: no recomputation) and the caller does not
@@ -207,6 +205,10 @@ def _intra_chunk(chunks: _ChunkedInputs) -> tuple[torch.Tensor, torch.Tensor, to
 # (one batched matmul), then every running key is moved through the next chunk's P (on the key side: a chunk has C
 # keys but G * C query rows under GQA). A flash-attention style online softmax keeps memory at O(T * (C + D)) per
 # head, and Python loops over N chunks, not N^2 chunk pairs.
+#
+# Backward is written out (`_InterChunkSoftmax`), as FlashAttention's is: the probabilities of every block come back
+# from the row log-sum-exp, and the walk runs backward, handing each step's key gradient through P to the step
+# before. Autograd through the walk would keep every step's softmax and slice its large inputs at every step.
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -252,45 +254,105 @@ def _fold_gate(
     return q_walk, k_walk, p_walk
 
 
-def _walk(
-    chunks: _ChunkedInputs,
-    first: int,
-    stop: int,
-    acc: torch.Tensor,
-    m: torch.Tensor,
-    k_run: torch.Tensor,
-    *,
-    q_walk: torch.Tensor,
-    p_walk: torch.Tensor,
-    last_step: int,
-    in_place: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Steps `first` to `stop - 1` of the walk.
+def _segments(last_step: int) -> list[range]:
+    """The walk's steps 1 ... last_step in runs of `_STEPS_PER_CHECKPOINT`: a run recomputes its keys from its first."""
+    return [
+        range(a, min(a + _STEPS_PER_CHECKPOINT, last_step + 1)) for a in range(1, last_step + 1, _STEPS_PER_CHECKPOINT)
+    ]
 
-    `acc` [.., G * C, DV + 1] and `m` [.., G * C, 1] are the running unnormalised output (with its softmax
-    denominator) and row maxima of query chunks first ... N - 1; `k_run` holds key chunks n = 0 ... N - 1 - first
-    moved to the start of query chunk n + first: the keys carry the transforms (C rows a chunk, where the queries
-    have G * C). Returns the chunks completed, then `acc`, `m` and `k_run` for step `stop`.
+
+def _next_keys(k_run: torch.Tensor, p_walk: torch.Tensor, d: int) -> torch.Tensor:
+    """The running keys of step d + 1 from those of step d: key chunk n moves through P_{n+d}."""
+    return k_run[:-1] @ p_walk[d : len(p_walk) - 1].transpose(-1, -2)
+
+
+def _softmax_walk(
+    chunks: _ChunkedInputs,
+    logits: torch.Tensor,
+    q_walk: torch.Tensor,
+    k_walk: torch.Tensor,
+    p_walk: torch.Tensor,
+    *,
+    last_step: int,
+    keep_keys: bool,
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """The softmax over every visible key, without autograd: the diagonal blocks (`logits`, gated, not masked), then
+    the block diagonals 1 ... `last_step` of the walk.
+
+    Returns the output o [N, B, H, G * C, DV], the row log-sum-exp [N, B, H, G * C, 1] and the running keys a
+    backward starts from: those of every step (`keep_keys`), or of the first step of each segment (`_segments`).
     """
-    N = chunks.n_chunks
-    finished = []
-    for d in range(first, stop):
+    N, v = chunks.n_chunks, chunks.v
+    s = _masked_logits(chunks, logits, queries=slice(None), keys=slice(None))
+    m_out = s.amax(-1, keepdim=True)
+    acc_out = torch.exp(s - m_out) @ v  # the ones column of v makes the last column the softmax denominator
+    # acc and m view the rows of query chunks d ... N - 1, updated in place: chunk d is complete after step d.
+    acc, m, k_run, saved = acc_out, m_out, k_walk[: N - 1], []
+    for d in range(1, last_step + 1):
+        acc, m = acc[1:], m[1:]
+        if keep_keys or (d - 1) % _STEPS_PER_CHECKPOINT == 0:
+            saved.append(k_run)
         s = _masked_logits(chunks, q_walk[d:] @ k_run.transpose(-1, -2), queries=slice(d, N), keys=slice(0, N - d))
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-        if in_place:
-            acc = acc.mul_(torch.exp(m - m_new)).add_(s.sub_(m_new).exp_() @ chunks.v[: N - d])
-        else:
-            acc = acc * torch.exp(m - m_new) + torch.exp(s - m_new) @ chunks.v[: N - d]
-        finished.append(acc[:1])
-        acc, m = acc[1:], m_new[1:]
-        if d < last_step:  # key chunk n moves through P_{n+d}
-            k_run = k_run[:-1] @ p_walk[d : N - 1].transpose(-1, -2)
-    return torch.cat(finished), acc, m, k_run
+        acc.mul_(torch.exp(m - m_new)).add_(s.sub_(m_new).exp_() @ v[: N - d])
+        m.copy_(m_new)
+        if d < last_step:
+            k_run = _next_keys(k_run, p_walk, d)
+    denominator = acc_out[..., -1:]
+    return acc_out[..., :-1] / denominator, m_out + denominator.log(), saved
 
 
-def _walk_segment(walk: Callable[..., tuple[torch.Tensor, ...]], recompute: bool, *state):
-    """`walk(*state)`; with `recompute`, backward keeps only `state` and runs the walk again."""
-    return checkpoint(walk, *state, use_reentrant=False) if recompute else walk(*state)
+class _InterChunkSoftmax(torch.autograd.Function):
+    """`_softmax_walk` with its backward written out. Inputs: the diagonal blocks' logits, q~, k~ and P_n as the walk
+    uses them (`_fold_gate`) and v with its ones column; the output o."""
+
+    @staticmethod
+    def forward(ctx, logits, q_walk, k_walk, p_walk, v, chunks: _ChunkedInputs, last_step: int, keep_keys: bool):
+        o, lse, saved = _softmax_walk(chunks, logits, q_walk, k_walk, p_walk, last_step=last_step, keep_keys=keep_keys)
+        ctx.save_for_backward(logits, q_walk, k_walk, p_walk, v, o, lse, *saved)
+        ctx.chunks, ctx.last_step, ctx.keep_keys = chunks, last_step, keep_keys
+        return o
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do):
+        logits, q_walk, k_walk, p_walk, v, o, lse, *saved = ctx.saved_tensors
+        chunks, N = ctx.chunks, ctx.chunks.n_chunks
+        values = v[..., :-1]
+        delta = (do * o).sum(-1, keepdim=True)  # sum_j p_ij dp_ij of each row
+        dq, dk, dp, dv = (torch.zeros_like(x) for x in (q_walk, k_walk, p_walk, v))
+
+        def logits_grad(s: torch.Tensor, queries: slice, keys: slice) -> torch.Tensor:
+            prob = torch.exp(s - lse[queries])
+            dv[keys, ..., :-1] += prob.transpose(-1, -2) @ do[queries]
+            return prob * (do[queries] @ values[keys].transpose(-1, -2) - delta[queries])
+
+        every = slice(None)
+        d_logits = logits_grad(_masked_logits(chunks, logits, every, every), every, every)
+        carry = None  # the gradient of the running keys of step d + 1
+        for index, run in reversed(list(enumerate(_segments(ctx.last_step)))):
+            if ctx.keep_keys:
+                keys = saved[run.start - 1 : run.stop - 1]
+            else:  # recompute the segment's keys from its first step's
+                keys = [saved[index]]
+                for d in run[:-1]:
+                    keys.append(_next_keys(keys[-1], p_walk, d))
+            for d, k_run in zip(reversed(run), reversed(keys), strict=True):
+                queries, key_chunks = slice(d, N), slice(0, N - d)
+                ds = logits_grad(
+                    _masked_logits(chunks, q_walk[d:] @ k_run.transpose(-1, -2), queries, key_chunks),
+                    queries,
+                    key_chunks,
+                )
+                dq[d:] += ds @ k_run
+                dk_run = ds.transpose(-1, -2) @ q_walk[d:]
+                if carry is not None:  # k_run of step d + 1 = k_run[:-1] @ P^T
+                    dk_run[:-1] += carry @ p_walk[d : N - 1]
+                    dp[d : N - 1] += carry.transpose(-1, -2) @ k_run[:-1]
+                carry = dk_run
+        if carry is not None:
+            dk[: N - 1] += carry
+        return d_logits, dq, dk, dp, dv, None, None, None
 
 
 def _last_step(cu_seqlens: torch.Tensor | None, n_chunks: int, chunk_size: int) -> int:
@@ -309,44 +371,29 @@ def _inter_chunk(
     k_end: torch.Tensor,
     p: torch.Tensor,
     last_step: int,
-    in_place: bool,
+    requires_grad: bool,
     recompute: bool | None,
 ) -> torch.Tensor:
-    """The softmax over every visible key: [N, B, H, G * C, DV + 1], the unnormalised output and its denominator.
+    """The output of the softmax over every visible key, [N, B, H, G * C, DV].
 
-    `last_step` is the last block diagonal walked (`_last_step`); with `in_place` (no autograd) the walk updates its
-    buffers in place; `recompute` is `path_attention`'s.
+    `last_step` is the last block diagonal walked (`_last_step`); `requires_grad`: whether autograd will call for
+    gradients; `recompute` is `path_attention`'s.
     """
-    N, C, G = chunks.n_chunks, chunks.chunk_size, chunks.group
-    gate_q = gate_k = None
+    N, C = chunks.n_chunks, chunks.chunk_size
+    gate_q = None
     if chunks.gate is not None:
         gate_q = chunks.gate.flatten(-2)[..., None]  # [N, B, H, G * C, 1]: G_i of each query row
         gate_k = chunks.gate[..., None, :]  # [N, B, H, G, 1, C]: G_j of each key, per query head
-    q_walk, k_walk, p_walk = _fold_gate(chunks, gate_q=gate_q, q_start=q_start, k_end=k_end, p=p)
-
-    # Diagonal blocks: every chunk against itself.
-    if chunks.gate is not None:
         logits = logits + gate_q - _chunk_rows(gate_k.expand(-1, -1, -1, -1, C, -1))
-    s = _masked_logits(chunks, logits, queries=slice(None), keys=slice(None))
-    m = s.amax(-1, keepdim=True)
-    acc = torch.exp(s - m) @ chunks.v
-
-    # Off-diagonal blocks, one block diagonal per step d: query chunk m meets key chunk m - d. Chunk m is complete
-    # after step m and moves to `done`.
-    # Backward keeps every step's softmax inputs unless they are large (or the caller says): then only the segment
-    # boundaries are kept and the steps recomputed, memory O(T * (C + D)).
+    q_walk, k_walk, p_walk = _fold_gate(chunks, gate_q=gate_q, q_start=q_start, k_end=k_end, p=p)
+    if not requires_grad:
+        return _softmax_walk(chunks, logits, q_walk, k_walk, p_walk, last_step=last_step, keep_keys=False)[0]
+    # Backward starts from the running keys of every step, or, if they are large (or the caller says), from those of
+    # each segment's first step, recomputing the others: memory O(T * (C + D)).
     B, H = chunks.k.shape[1:3]
-    saved_bytes = 3 * last_step * N / 2 * B * H * G * C * C * chunks.v.element_size()
-    recompute = not in_place and (saved_bytes > _CHECKPOINT_ABOVE_BYTES if recompute is None else recompute)
-    walk = partial(_walk, chunks, q_walk=q_walk, p_walk=p_walk, last_step=last_step, in_place=in_place)
-    done = [acc[:1]]
-    state = (acc[1:], m[1:], k_walk[: N - 1])
-    for first in range(1, last_step + 1, _STEPS_PER_CHECKPOINT):
-        stop = min(first + _STEPS_PER_CHECKPOINT, last_step + 1)
-        finished, *state = _walk_segment(walk, recompute, first, stop, *state)
-        done.append(finished)
-    done.append(state[0])
-    return torch.cat(done)
+    kept_bytes = last_step * N / 2 * B * H * C * k_walk.shape[-1] * k_walk.element_size()
+    keep_keys = kept_bytes <= _CHECKPOINT_ABOVE_BYTES if recompute is None else not recompute
+    return _InterChunkSoftmax.apply(logits, q_walk, k_walk, p_walk, chunks.v, chunks, last_step, keep_keys)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -422,21 +469,20 @@ def chunk_path_attention(
     """
     B, T, HQ = q.shape[:3]
     DV = v.shape[-1]
-    # Without autograd, update the buffers in place (fewer memory passes).
     requires_grad = any(x is not None and x.requires_grad for x in (q, k, v, w, beta, g))
     chunks = _chunk_inputs(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
     q_start, logits, k_end, p = _intra_chunk(chunks)
-    acc = _inter_chunk(
+    o = _inter_chunk(
         chunks,
         q_start=q_start,
         logits=logits,
         k_end=k_end,
         p=p,
         last_step=_last_step(cu_seqlens, n_chunks=chunks.n_chunks, chunk_size=chunk_size),
-        in_place=not (torch.is_grad_enabled() and requires_grad),
+        requires_grad=torch.is_grad_enabled() and requires_grad,
         recompute=recompute,
     )
-    o = (acc[..., :DV] / acc[..., DV:]).unflatten(-2, (chunks.group, chunk_size))
+    o = o.unflatten(-2, (chunks.group, chunk_size))
     o = o.transpose(-2, -3)  # [N, B, H, C, G, DV]
     o = _from_chunks(o, T).reshape(B, T, HQ, DV).to(q.dtype)
     if not return_k_cache:

@@ -1,7 +1,6 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from path_hf.ops import naive_path_attention, path_attention, resolve_backend
 from tests.ops.path_reference import (
@@ -91,24 +90,29 @@ def test_torch_backend_vs_reference(B, T, HQ, H, D, DV, gate, chunk_size):
     ids=["long-walk-recomputed", "short-walk-kept", "kept-as-asked", "recomputed-as-asked"],
 )
 def test_torch_backend_gradients_with_and_without_recomputation(long_walk, recompute, checkpointed, monkeypatch):
-    """By default long walks keep only segment boundaries for backward and recompute the steps, and short ones keep
-    every step; `recompute` overrides. All give the reference's gradients, over several segments (19 chunks, 8 steps
-    a segment)."""
+    """By default long walks keep only each segment's first running keys for backward and recompute the others, and
+    short ones keep every step's; `recompute` overrides. All give the reference's gradients, over several segments
+    (19 chunks, 8 steps a segment: steps 1-8, 9-16, 17-18, whose backward recomputes 7 + 7 + 1 steps' keys)."""
     from path_hf import ops_chunk
 
     monkeypatch.setattr(ops_chunk, "_CHECKPOINT_ABOVE_BYTES", 0 if long_walk else 2**62)
     calls = []
+    next_keys = ops_chunk._next_keys
 
-    def counting_checkpoint(*args, **kwargs):
+    def counting_next_keys(*args, **kwargs):
         calls.append(1)
-        return torch_checkpoint(*args, **kwargs)
+        return next_keys(*args, **kwargs)
 
-    monkeypatch.setattr(ops_chunk, "checkpoint", counting_checkpoint)
+    monkeypatch.setattr(ops_chunk, "_next_keys", counting_next_keys)
     x = make_inputs(1, 300, 4, 2, 16, 16, gate=True, seed=5)
     do = torch.randn(1, 300, 4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     ref, ref_grads = forward_backward(path_attention_reference, x, do)
-    out, grads = forward_backward(path_attention, x, do, backend="torch", chunk_size=16, recompute=recompute)
-    assert len(calls) == (3 if checkpointed else 0)
+    out = path_attention(**x, backend="torch", chunk_size=16, recompute=recompute)[0]
+    assert len(calls) == 17  # the forward walk: steps 1 to 17 move the keys on
+    calls.clear()
+    leaves = {name: t for name, t in x.items() if t is not None}
+    grads = dict(zip(leaves, torch.autograd.grad(out, list(leaves.values()), do), strict=True))
+    assert len(calls) == (15 if checkpointed else 0)
     assert_close("o", ref, out, 1e-10)
     for name in ref_grads:
         assert_close(f"d{name}", ref_grads[name], grads[name], 1e-10)
