@@ -26,6 +26,7 @@ import torch
 from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
+from path_hf.configuration_path_llama import ROPE_MODES
 
 # On a shared 2-core machine two OpenMP threads stall whenever another process holds a core: we saw 10x
 # slowdowns and fwd slower than fwd+bwd. One thread gives ratios that reproduce.
@@ -112,7 +113,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--rope-mode", choices=["drop", "keep"], default="drop")
+    parser.add_argument("--rope-mode", choices=ROPE_MODES, default="drop")
     parser.add_argument("--forget-gate", action="store_true", help="PaTH-FoX (path_forget_gate=True)")
     parser.add_argument("--modes", nargs="+", choices=list(cache_modes()), default=list(cache_modes()))
     parser.add_argument("--reps", type=int, default=3)

@@ -87,7 +87,9 @@ class ConvertOptions:
         metadata={
             "choices": ROPE_MODES,
             "help": "drop: PaTH replaces RoPE (the paper; recover by distillation or training). keep: RoPE stays "
-            "and PaTH acts on top, so with --init identity the model computes what the source did "
+            "on q and k and PaTH acts on top. interleave: RoPE turns q, k and PaTH's directions w, so its rotation "
+            "by one position sits between consecutive transforms and the logits do not depend on where the tokens "
+            "stand. With keep or interleave and --init identity the model computes what the source did "
             "(default: %(default)s)",
         },
     )

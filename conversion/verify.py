@@ -272,7 +272,7 @@ def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
     if not is_text:
         print("verify: the source has no tokenizer; perplexity skipped", flush=True)
         return difference
-    same_model = config.rope_mode == "keep" and config.path_init == "identity"
+    same_model = config.rope_mode != "drop" and config.path_init == "identity"
     converted_logits = identity_logits if same_model else streamed_logits(config, converted, input_ids)
     print(
         f"verify: perplexity on the built-in text: source {_perplexity(source_logits, input_ids):.3f}, converted "

@@ -158,15 +158,22 @@ def model_card(plan: ConversionPlan) -> str:
     else:
         copied = f"Every weight of the source is copied under its own name, cast to {plan.options.dtype}."
     trained = [json.dumps(name) for name in PATH_MODULES if config.path_forget_gate or name not in FORGET_GATE_MODULES]
-    if config.rope_mode == "keep" and config.path_init == "identity":
+    kept_rope = {
+        "keep": "RoPE is kept and PaTH's Householder transforms act on top of it",
+        "interleave": (
+            "RoPE is kept and turns the Householder directions too, which puts its rotation by one position between "
+            "consecutive transforms (the logits depend on the tokens between query and key, not on where they stand)"
+        ),
+    }.get(config.rope_mode)
+    if kept_rope and config.path_init == "identity":
         starting_point = (
-            "RoPE is kept and every Householder transform starts at the identity (the `bt_gain` gains are 0), so "
-            "this model computes exactly what the source model computes until training moves the new parameters."
+            f"{kept_rope}. Every Householder transform starts at the identity (the `bt_gain` gains are 0), so this "
+            "model computes exactly what the source model computes until training moves the new parameters."
         )
-    elif config.rope_mode == "keep":
+    elif kept_rope:
         starting_point = (
-            "RoPE is kept and PaTH's Householder transforms act on top of it. The new parameters start from a "
-            "random init, so the model differs from the source until it is trained."
+            f"{kept_rope}. The new parameters start from a random init, so the model differs from the source until "
+            "it is trained."
         )
     else:
         starting_point = (

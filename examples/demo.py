@@ -30,6 +30,8 @@ from pathlib import Path
 
 import yaml
 
+from path_hf.configuration_path_llama import ROPE_MODES
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "examples" / "default_model"
 RECIPE = ROOT / "recipes" / "configs" / "tiny-cpu.yaml"
@@ -46,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--output", type=Path, default=ROOT / "runs" / "demo", help="run directory (replaced)")
-    parser.add_argument("--rope", choices=("drop", "keep"), help="RoPE in the PaTH model (default: the recipe's)")
+    parser.add_argument("--rope", choices=ROPE_MODES, help="RoPE in the PaTH model (default: the recipe's)")
     parser.add_argument(
         "--forget-gate", action=argparse.BooleanOptionalAction, help="PaTH-FoX forget gate (default: the recipe's)"
     )

@@ -6,7 +6,7 @@ from transformers import LlamaConfig
 
 from .ops import BACKENDS
 
-ROPE_MODES = ("drop", "keep")
+ROPE_MODES = ("drop", "keep", "interleave")
 PATH_INITS = ("default", "identity")
 # Cache layer type of the PaTH layers (registered by cache_path_llama.PaTHCacheLayer).
 PATH_LAYER_TYPE = "path_attention"
@@ -30,7 +30,10 @@ class PaTHLlamaConfig(LlamaConfig):
         rope_mode (`str`, *optional*, defaults to `"drop"`):
             What PaTH layers do with RoPE. `"drop"`: PaTH replaces RoPE (the paper). `"keep"`: RoPE is applied to
             q and k and the PaTH transforms act on top, so with `beta = 0` a PaTH layer computes exactly what the
-            source RoPE layer did.
+            source RoPE layer did. `"interleave"`: RoPE is applied to q, k and the Householder directions w, which
+            puts RoPE's rotation by one position between consecutive transforms, `q_i^T H_i R^-1 H_{i-1} R^-1 ...
+            H_{j+1} R^-1 k_j`: the logit depends on the tokens from j to i and not on where they stand, as RoPE's
+            does (with `"keep"` it also depends on the absolute positions). With `beta = 0` it too is the source.
         path_layers (`list[int]`, *optional*):
             Indices of the layers that use PaTH attention; the others are the source model's RoPE softmax
             attention. `None` means every layer.
@@ -57,8 +60,9 @@ class PaTHLlamaConfig(LlamaConfig):
             How the PaTH parameters start. `"default"`: FLA's random init. `"identity"`: the gains of beta and g
             (`bt_gain`, `g_gain`) start at 0, so every Householder transform is exactly the identity (and the forget
             gate exactly 1) while the gains still receive gradients, so PaTH switches on at the first optimizer
-            step. With `rope_mode="keep"` an identity-initialised model computes what its source model computed. A
-            gain is its weight folded into [0, 1] (`|w|` near 0): it acts whatever value training gives the weight.
+            step. With `rope_mode="keep"` or `"interleave"` an identity-initialised model computes what its source
+            model computed. A gain is its weight folded into [0, 1] (`|w|` near 0): it acts whatever value training
+            gives the weight.
 
     ```python
     >>> from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM

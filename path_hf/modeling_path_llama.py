@@ -33,6 +33,7 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
     eager_attention_forward,
     repeat_kv,
+    rotate_half,
 )
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
@@ -255,7 +256,7 @@ def sequence_positions(cu_seqlens: torch.Tensor, shape: tuple[int, int]) -> torc
 
 class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
     """PaTH attention: the source attention's projections, with the Householder transforms of the tokens between
-    query and key in every logit, and RoPE only with `rope_mode="keep"`.
+    query and key in every logit, and RoPE only with `rope_mode="keep"` (on q and k) or `"interleave"` (on q, k and w).
 
     New parameters (FLA's names): `w_proj` (full rank, or low rank with `path_w_rank`), `w_conv1d` (short
     convolution, `path_conv_size > 0`), `bt_proj` (beta) and, with `path_forget_gate`, `g_proj`; all plain modules, the
@@ -302,7 +303,7 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
         """
         Args:
             hidden_states: `[B, T, hidden]`.
-            position_embeddings: RoPE `(cos, sin)`, used with `rope_mode="keep"`.
+            position_embeddings: RoPE `(cos, sin)`, used with `rope_mode="keep"` or `"interleave"`.
             attention_mask: `[B, past + T]` padding mask (nonzero = token), or None.
             cache: continued if it holds this layer's past, filled otherwise.
             cu_seq_lens_q: `[N + 1]` boundaries of sequences over the flattened tokens (transformers' flash-attention
@@ -322,7 +323,7 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
                     f"PaTH layers take a 2-D padding mask [batch, past + new tokens], got {attention_mask.ndim}-D."
                 )
             attention_mask = attention_mask.bool()
-        rope = position_embeddings if self.config.rope_mode == "keep" else None
+        rope = position_embeddings if self.config.rope_mode != "drop" else None
         q, k, v = self.project_qkv(hidden_states, rope)
         w = self.w_proj(hidden_states)
         # beta in [0, path_beta_max) (float32): beta > 1 gives H_t a negative eigenvalue
@@ -349,6 +350,9 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
                 seq_pos = sequence_positions(cu_seqlens, (batch_size, seq_len))
             w = self.w_conv1d(w, conv_state, seq_pos)
         w = l2_normalize(w.float().view(batch_size, seq_len, self.num_key_value_heads, self.head_dim))
+        if self.config.rope_mode == "interleave":  # w turns with the keys: H_t becomes R_t H_t R_t^T
+            cos, sin = (x.float() for x in rope)
+            w = w * cos.unsqueeze(2) + rotate_half(w) * sin.unsqueeze(2)
 
         if static_decode or (past > 0 and seq_len == 1):
             o = self._decode_step(q, k, v, w, beta, g, attention_mask=attention_mask, cache_layer=cache_layer)

@@ -143,11 +143,11 @@ def path_attention(
         backend: `"auto"`, `"torch"` or `"fla"`.
         return_k_cache: also return the fully transformed keys, which decoding starts from after a prefill.
         chunk_size: block size of the torch backend.
-        recompute: whether the torch backend's backward recomputes its walk over the block diagonals rather than keep
-            its activations (checkpoints every 8 steps). None (the default) recomputes when keeping them would take
-            more than 32 MiB: memory O(T * chunk) instead of O(T^2), for one extra forward walk. Pass False where the
-            caller is recomputed in backward anyway (a gradient-checkpointed layer): the walk then runs twice per
-            training step, not three times. FLA's kernel ignores it.
+        recompute: whether the torch backend's backward recomputes the running keys of its walk over the block
+            diagonals (from every 8th step's) rather than keep every step's. None (the default) recomputes when
+            keeping them would take more than 32 MiB: memory O(T * chunk) instead of O(T^2 / chunk * D), for a few
+            percent more matmul work in backward. Pass False where the caller is recomputed in backward anyway (a
+            gradient-checkpointed layer), whose second forward has just made them. FLA's kernel ignores it.
 
     Returns:
         o `[B, T, HQ, DV]` in q's dtype, and k_cache `[B, T, H, D]` in k's dtype (None unless asked):

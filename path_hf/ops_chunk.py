@@ -4,8 +4,9 @@
 Three steps, as FLA splits its chunked kernels:
 - intra-chunk transform (`_intra_chunk`): the UT transform of each chunk's Householder product, the logits within
   a chunk and the queries moved back to their chunk's start;
-- inter-chunk walk (`_inter_chunk`): the block diagonals, one step each, with an online softmax and, for backward,
-  activation checkpoints every `_STEPS_PER_CHECKPOINT` steps;
+- inter-chunk walk (`_inter_chunk`): the block diagonals, one step each, with an online softmax, and its backward
+  written out (`_InterChunkSoftmax`), which recomputes the running keys from every `_STEPS_PER_CHECKPOINT`-th step
+  where keeping them all would take too much memory;
 - key-cache preparation (`_key_cache`): the fully transformed keys a decode starts from, per packed sequence.
 Everything runs in fp32 (or wider) with memory O(T * chunk); `chunk_path_attention` is the entry point, which
 `path_attention` calls after checking its inputs.
@@ -22,9 +23,9 @@ from itertools import pairwise
 import torch
 from torch.autograd.function import once_differentiable
 
-# Block diagonals walked between two activation checkpoints when training, when the walk would keep more than
-# _CHECKPOINT_ABOVE_BYTES for backward (short sequences keep everything: no recomputation) and the caller does not
-# say otherwise (`recompute`).
+# Steps of the walk whose running keys backward recomputes from the first one's, when keeping every step's keys would
+# take more than _CHECKPOINT_ABOVE_BYTES (short sequences keep them all: no recomputation) and the caller does not say
+# otherwise (`recompute`).
 _STEPS_PER_CHECKPOINT = 8
 _CHECKPOINT_ABOVE_BYTES = 32 * 2**20
 

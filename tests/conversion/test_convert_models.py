@@ -39,10 +39,11 @@ CASES = {
         {"tie_word_embeddings": True},
         ["--rope", "keep", "--layers", "0,2", "--verify"],
     ),
-    "qwen3-sharded-forget-gate-low-rank": (
+    "qwen3-sharded-interleave-forget-gate-low-rank": (
         "qwen3",
         {"head_dim": 32, "max_shard_size": "100KB", "num_key_value_heads": 4},
-        ["--forget-gate", "--forget-gate-bias", "4", "--w-rank", "8", "--init", "identity", "--verify"],
+        ["--rope", "interleave", "--forget-gate", "--forget-gate-bias", "4", "--w-rank", "8", "--init", "identity"]
+        + ["--verify"],
     ),
     "mistral-bin-bf16": (
         "mistral",
@@ -101,6 +102,7 @@ def test_convert(case, tmp_path, capsys):
     for key in ("hidden_size", "num_key_value_heads", "vocab_size", "tie_word_embeddings", "rope_parameters"):
         assert saved[key] == source_config[key], key
     assert saved["path_conversion"]["source"] == str(source)
+    assert saved["rope_mode"] == (flags[flags.index("--rope") + 1] if "--rope" in flags else "drop")
     assert saved["auto_map"] == {
         "AutoConfig": "configuration_path_llama.PaTHLlamaConfig",
         "AutoModelForCausalLM": "modeling_path_llama.PaTHLlamaForCausalLM",

@@ -12,6 +12,7 @@ VARIANTS = {
     "noconv-nofox": {"path_forget_gate": False, "path_conv_size": 0},
     "mixed-conv4-lowrank": {"path_layers": [1], "path_conv_size": 4, "path_w_rank": 4},
     "drop-rope": {"rope_mode": "drop"},
+    "interleave-rope": {"rope_mode": "interleave"},
 }
 
 

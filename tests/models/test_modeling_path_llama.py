@@ -29,16 +29,18 @@ def max_rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual - expected).abs().max() / expected.abs().max()).item()
 
 
+@pytest.mark.parametrize("rope_mode", ["keep", "interleave"])
 @pytest.mark.parametrize("forget_gate", [False, True], ids=["path", "path-fox"])
 @pytest.mark.parametrize("source", list(SOURCES))
-def test_identity_init_keeps_the_source_logits(source, forget_gate, tmp_path):
-    """A source checkpoint loads with no renaming; with rope_mode="keep" and beta = 0 the logits are the source's."""
+def test_identity_init_keeps_the_source_logits(source, forget_gate, rope_mode, tmp_path):
+    """A source checkpoint loads with no renaming; with RoPE kept or interleaved and beta = 0 the logits are the
+    source's."""
     model_class, source_config, path_fields = SOURCES[source]
     torch.manual_seed(0)
     source_model = model_class(source_config).eval()
     source_model.save_pretrained(tmp_path)
     config = path_config_from(
-        source_config, rope_mode="keep", path_init="identity", path_forget_gate=forget_gate, **path_fields
+        source_config, rope_mode=rope_mode, path_init="identity", path_forget_gate=forget_gate, **path_fields
     )
     model, info = PaTHLlamaForCausalLM.from_pretrained(tmp_path, config=config, output_loading_info=True)
     assert info["unexpected_keys"] == set() and not info["mismatched_keys"]
@@ -211,8 +213,6 @@ def reference_path_layer(attn: PaTHLlamaAttention, x: torch.Tensor, cos_sin) -> 
     q = attn.q_norm(attn.q_proj(x).view(B, T, -1, D))
     k = attn.k_norm(attn.k_proj(x).view(B, T, H, D))
     v = attn.v_proj(x).view(B, T, H, D)
-    if config.rope_mode == "keep":
-        q, k = apply_rotary_pos_emb(q, k, *cos_sin, unsqueeze_dim=2)
     w = attn.w_proj(x)
     if config.path_conv_size:
         K = config.path_conv_size
@@ -220,6 +220,11 @@ def reference_path_layer(attn: PaTHLlamaAttention, x: torch.Tensor, cos_sin) -> 
         w = w.transpose(1, 2)
     w = w.view(B, T, H, D)
     w = w / torch.sqrt((w * w).sum(-1, keepdim=True) + 1e-6)  # FLA's l2_norm
+    if config.rope_mode == "keep":
+        q, k = apply_rotary_pos_emb(q, k, *cos_sin, unsqueeze_dim=2)
+    elif config.rope_mode == "interleave":
+        q, k = apply_rotary_pos_emb(q, k, *cos_sin, unsqueeze_dim=2)
+        w = apply_rotary_pos_emb(w, w, *cos_sin, unsqueeze_dim=2)[0]
     beta = config.path_beta_max * torch.sigmoid(F.linear(x, attn.bt_proj.weight, attn.bt_proj.bias))
     g = None
     if config.path_forget_gate:
@@ -234,8 +239,9 @@ def reference_path_layer(attn: PaTHLlamaAttention, x: torch.Tensor, cos_sin) -> 
         dict(rope_mode="drop", path_conv_size=0, path_forget_gate=False),
         dict(rope_mode="keep", path_conv_size=3, path_forget_gate=True),
         dict(rope_mode="keep", path_conv_size=4, path_forget_gate=False, path_w_rank=4, qk_norm=True, head_dim=16),
+        dict(rope_mode="interleave", path_conv_size=3, path_forget_gate=True),
     ],
-    ids=["drop-noconv", "keep-conv3-fox", "keep-conv4-lowrank-qknorm"],
+    ids=["drop-noconv", "keep-conv3-fox", "keep-conv4-lowrank-qknorm", "interleave-conv3-fox"],
 )
 def test_path_layer_matches_reference(fields):
     model = tiny_model(**fields)
@@ -246,6 +252,60 @@ def test_path_layer_matches_reference(fields):
     out, _ = attn(x, position_embeddings=cos_sin, position_ids=position_ids)
     expected = reference_path_layer(attn, x, cos_sin)
     assert max_rel_err(out, expected) < 1e-5
+
+
+def test_interleave_scores_are_householders_between_unit_rotations():
+    """rope_mode="interleave": the logit of (i, j) is q_i^T H_i R^-1 H_{i-1} R^-1 ... H_{j+1} R^-1 k_j with q, k, w
+    as projected (no RoPE) and R the rotation RoPE applies for one position, formed here as a D x D matrix: RoPE's
+    turn by one position between consecutive Householder transforms. The layer's output against attention over those
+    logits, written out with explicit matrices."""
+    model = tiny_model(rope_mode="interleave", path_forget_gate=False, path_conv_size=0).double()
+    config, attn = model.config, model.model.layers[0].self_attn
+    B, T, D, H = 1, 9, config.head_dim, config.num_key_value_heads
+    x = torch.randn(B, T, config.hidden_size, dtype=torch.float64)
+    position_ids = torch.arange(T)[None]
+    cos_sin = model.model.rotary_emb(x, position_ids)
+    out, _ = attn(x, position_embeddings=cos_sin, position_ids=position_ids)
+
+    q = attn.q_proj(x).view(B, T, -1, D)[0]
+    k, v = (proj(x).view(B, T, H, D)[0] for proj in (attn.k_proj, attn.v_proj))
+    w = attn.w_proj(x).view(B, T, H, D)[0]
+    w = w / torch.sqrt((w * w).sum(-1, keepdim=True) + 1e-6)  # FLA's l2_norm
+    beta = config.path_beta_max * torch.sigmoid(attn.bt_proj(x))[0]
+    # R: RoPE at position 1 applied to the basis vectors (transformers' own apply_rotary_pos_emb)
+    cos1, sin1 = (t[0, 1] for t in cos_sin)
+    eye = torch.eye(D, dtype=torch.float64)
+    rotation = apply_rotary_pos_emb(eye, eye, cos1, sin1, unsqueeze_dim=0)[0].T  # R e_d = column d
+    inverse = torch.linalg.inv(rotation)
+    group = q.shape[1] // H
+    heads = []
+    for head in range(q.shape[1]):
+        kv = head // group
+        householder = [eye - beta[t, kv] * torch.outer(w[t, kv], w[t, kv]) for t in range(T)]
+        logits = torch.full((T, T), float("-inf"), dtype=torch.float64)
+        for i in range(T):
+            transport = eye  # H_i R^-1 ... H_{j+1} R^-1
+            for j in range(i, -1, -1):
+                logits[i, j] = q[i, head] @ transport @ k[j, kv] * attn.scaling
+                transport = transport @ householder[j] @ inverse
+        heads.append(torch.softmax(logits, -1) @ v[:, kv])
+    expected = attn.o_proj(torch.stack(heads, 1).reshape(1, T, -1))
+    assert max_rel_err(out, expected) < 1e-6  # RoPE's angles are float32: R_t is R^t to about 1e-7
+
+
+@pytest.mark.parametrize("rope_mode", ["keep", "interleave"])
+def test_interleave_is_shift_invariant(rope_mode):
+    """Moving every token by the same number of positions leaves the logits of rope_mode="interleave" unchanged, as
+    for RoPE alone; with "keep" the Householder directions stay fixed while q and k turn, so they change."""
+    model = tiny_model(rope_mode=rope_mode).double()
+    ids = random_tokens(2, 20)
+    at_start = model(ids, position_ids=torch.arange(20)[None]).logits
+    moved = model(ids, position_ids=torch.arange(20)[None] + 37).logits
+    difference = max_rel_err(moved, at_start)
+    if rope_mode == "interleave":
+        assert difference < 1e-6  # RoPE's angles are computed in float32
+    else:
+        assert difference > 1e-3
 
 
 def test_mixed_path_layers():
@@ -393,32 +453,40 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         torch.testing.assert_close(checkpointed[name], grad)
 
 
-def test_gradient_checkpointing_runs_the_walk_twice(monkeypatch):
-    """A checkpointed layer is recomputed in backward, so the torch backend keeps its walk's activations rather than
-    recompute the walk once more: two walks per layer and step (forward, recompute), as without checkpointing."""
+def test_gradient_checkpointing_keeps_the_walks_keys(monkeypatch):
+    """A checkpointed layer is recomputed in backward, so the torch backend keeps the running keys of that second walk
+    rather than recompute them once more: two walks per layer and step and no keys recomputed in backward, against
+    one walk whose backward recomputes its keys without checkpointing (where every walk is made to recompute them)."""
     from path_hf import ops_chunk
 
-    monkeypatch.setattr(ops_chunk, "_CHECKPOINT_ABOVE_BYTES", 0)  # by default, every walk is recomputed
-    runs = []
-    walk_segment = ops_chunk._walk_segment
+    monkeypatch.setattr(ops_chunk, "_CHECKPOINT_ABOVE_BYTES", 0)  # by default, every walk's keys are recomputed
+    counts = {"walks": 0, "key steps": 0}
+    softmax_walk, next_keys = ops_chunk._softmax_walk, ops_chunk._next_keys
 
-    def counting_walk_segment(walk, recompute, *state):
-        return walk_segment(lambda *args: runs.append(1) or walk(*args), recompute, *state)
+    def counting(name, function):
+        def counted(*args, **kwargs):
+            counts[name] += 1
+            return function(*args, **kwargs)
 
-    monkeypatch.setattr(ops_chunk, "_walk_segment", counting_walk_segment)
+        return counted
+
+    monkeypatch.setattr(ops_chunk, "_softmax_walk", counting("walks", softmax_walk))
+    monkeypatch.setattr(ops_chunk, "_next_keys", counting("key steps", next_keys))
     model = tiny_model().train()
-    ids = random_tokens(1, 200)  # 4 chunks of 64: one segment of the walk per layer
+    ids = random_tokens(1, 200)  # 4 chunks of 64: steps 1-3 of the walk, one segment; 2 key steps a walk
 
     def walks_and_grads():
-        runs.clear()
+        counts.update(dict.fromkeys(counts, 0))
         model.zero_grad()
         model(ids, labels=ids).loss.backward()
-        return len(runs), {n: p.grad.clone() for n, p in model.named_parameters()}
+        return dict(counts), {n: p.grad.clone() for n, p in model.named_parameters()}
 
-    plain_walks, plain = walks_and_grads()
+    layers = model.config.num_hidden_layers
+    plain_counts, plain = walks_and_grads()
+    assert plain_counts == {"walks": layers, "key steps": 2 * 2 * layers}  # forward, and backward's recomputation
     model.activation_checkpointing_enable()
-    checkpointed_walks, checkpointed = walks_and_grads()
-    assert plain_walks == checkpointed_walks == 2 * model.config.num_hidden_layers
+    checkpointed_counts, checkpointed = walks_and_grads()
+    assert checkpointed_counts == {"walks": 2 * layers, "key steps": 2 * 2 * layers}  # forward and recomputed forward
     for name, grad in plain.items():
         torch.testing.assert_close(checkpointed[name], grad, rtol=0, atol=0)
 
