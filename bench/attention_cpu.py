@@ -13,9 +13,11 @@ Peak memory is measured in a fresh subprocess, case after case: resident-set hig
 with glibc's mmap threshold fixed at 64 KiB so that every tensor's memory is mapped when allocated and returned
 when freed.
 With --checkpointed-seq-lens, forward+backward also runs as in a gradient-checkpointed layer (the forward inside
-torch.utils.checkpoint, recomputed in backward), PaTH both ways: the walk's activations kept for backward
-(`recompute=False`, what a checkpointed PaTH layer does) and the walk checkpointed inside the op too
-(`recompute=True`, the default for long walks, which then runs three times a step).
+torch.utils.checkpoint, recomputed in backward), PaTH both ways: the walk's running keys kept for backward
+(`recompute=False`, what a checkpointed PaTH layer does) and recomputed in backward from every 8th step's
+(`recompute=True`, the default for long walks).
+With --ops-before COMMIT, the main table also times `path_attention` of path_hf.ops as it was at COMMIT (method
+`path@COMMIT`), interleaved with today's, and gives today's time over that one.
 Writes a Markdown table to stdout and JSON to bench/out/.
 """
 
@@ -36,11 +38,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from ops_versions import load_ops_at
 from torch.utils.checkpoint import checkpoint
 from transformers.dynamic_module_utils import get_relative_import_files
 
 from path_hf import ops
-from path_hf.ops import path_attention
 
 METHODS = ("sdpa", "path")
 MODES = ("fwd", "fwd+bwd")
@@ -52,7 +54,7 @@ THREADS_HELP = "torch.set_num_threads; default 1, because 2 threads on a busy 2-
 
 @dataclass(frozen=True)
 class Case:
-    method: str  # "sdpa": RoPE + causal SDPA; "path": path_attention(backend="torch")
+    method: str  # "sdpa": RoPE + causal SDPA; "path": path_attention(backend="torch"); "path@COMMIT": as at COMMIT
     seq_len: int
     mode: str  # "fwd" runs under no_grad; "fwd+bwd" takes gradients of every input; "ckpt" as well, checkpointed
     chunk_size: int
@@ -77,7 +79,7 @@ def make_inputs(case: Case, heads: int, head_dim: int, requires_grad: bool) -> d
     """Projection outputs [B=1, T, H, D] as a layer would hand them to attention."""
     gen = torch.Generator().manual_seed(0)
     shape = (1, case.seq_len, heads, head_dim)
-    names = ["q", "k", "v"] + (["w", "b"] if case.method == "path" else [])
+    names = ["q", "k", "v"] + (["w", "b"] if case.method.startswith("path") else [])
     inputs = {n: torch.randn(shape if n != "b" else shape[:3], generator=gen) for n in names}
     for t in inputs.values():
         t.requires_grad_(requires_grad)
@@ -101,12 +103,15 @@ def make_step(case: Case, inputs: dict[str, torch.Tensor]) -> Callable[[], objec
 
     else:
         w_raw, b_raw = inputs["w"], inputs["b"]
+        _, _, commit = case.method.partition("@")
+        path_attention = (load_ops_at(commit) if commit else ops).path_attention
+        # `recompute` only when asked: path_attention had none before issue 11
+        options = {} if case.recompute == "auto" else {"recompute": RECOMPUTE[case.recompute]}
 
         def forward() -> torch.Tensor:
             w = F.normalize(w_raw, dim=-1)
             beta = 2 * torch.sigmoid(b_raw)  # in (0, 2)
-            recompute = RECOMPUTE[case.recompute]
-            o, _ = path_attention(q, k, v, w, beta, backend="torch", chunk_size=case.chunk_size, recompute=recompute)
+            o, _ = path_attention(q, k, v, w, beta, backend="torch", chunk_size=case.chunk_size, **options)
             return o
 
     if case.mode == "fwd":
@@ -216,22 +221,30 @@ def run(groups: list[list[Case]], args: argparse.Namespace) -> list[dict[str, ob
     return rows
 
 
-def comparison_table(rows: list[dict[str, object]], memory: bool) -> str:
+def comparison_table(rows: list[dict[str, object]], memory: bool, before: str | None = None) -> str:
+    """SDPA+RoPE against PaTH by length and mode; with `before` (a commit), PaTH as it was then too."""
     by_key = {(r["method"], r["seq_len"], r["mode"]): r for r in rows}
     head = "| T | mode | SDPA+RoPE ms | PaTH ms | time ratio |"
     sep = "|---|---|---|---|---|"
+    if before:
+        head += f" PaTH@{before} ms | PaTH / PaTH@{before} |"
+        sep += "---|---|"
     if memory:
-        head += " SDPA+RoPE MiB | PaTH MiB | memory ratio |"
-        sep += "---|---|---|"
+        head += " SDPA+RoPE MiB | PaTH MiB | memory ratio |" + (f" PaTH@{before} MiB |" if before else "")
+        sep += "---|---|---|" + ("---|" if before else "")
     lines = [head, sep]
     for seq_len in sorted({r["seq_len"] for r in rows}):
         for mode in MODES:
             base, path = by_key[("sdpa", seq_len, mode)], by_key[("path", seq_len, mode)]
             line = f"| {seq_len} | {mode} | {base['median_ms']:.1f} | {path['median_ms']:.1f} |"
             line += f" {path['median_ms'] / base['median_ms']:.2f}x |"
+            old = by_key[(f"path@{before}", seq_len, mode)] if before else None
+            if old:
+                line += f" {old['median_ms']:.1f} | {path['median_ms'] / old['median_ms']:.2f}x |"
             if memory:
                 line += f" {base['extra_mib']:.0f} | {path['extra_mib']:.0f} |"
                 line += f" {path['extra_mib'] / max(base['extra_mib'], 1.0):.2f}x |"
+                line += f" {old['extra_mib']:.0f} |" if old else ""
             lines.append(line)
     return "\n".join(lines)
 
@@ -247,9 +260,9 @@ def sweep_table(rows: list[dict[str, object]], baseline: dict[str, float], memor
 
 
 def checkpointed_table(rows: list[dict[str, object]], memory: bool) -> str:
-    """Gradient-checkpointed forward+backward: PaTH with the walk kept against the walk recomputed, and SDPA+RoPE."""
+    """Gradient-checkpointed forward+backward: PaTH with the walk's keys kept against recomputed, and SDPA+RoPE."""
     by_key = {(r["method"], r["seq_len"], r["recompute"]): r for r in rows}
-    head = "| T | SDPA+RoPE ms | PaTH walk kept ms | PaTH walk recomputed ms | kept / recomputed | kept / SDPA |"
+    head = "| T | SDPA+RoPE ms | PaTH keys kept ms | PaTH keys recomputed ms | kept / recomputed | kept / SDPA |"
     sep = "|---|---|---|---|---|---|"
     if memory:
         head += " SDPA+RoPE MiB | kept MiB | recomputed MiB | kept / recomputed |"
@@ -283,6 +296,7 @@ def main() -> None:
     parser.add_argument(
         "--checkpointed-seq-lens", type=parse_ints, default=[], help="gradient-checkpointed fwd+bwd, e.g. 1024,2048"
     )
+    parser.add_argument("--ops-before", metavar="COMMIT", help="also time path_hf.ops as it was at COMMIT")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
@@ -306,12 +320,13 @@ def main() -> None:
         print("# in a separate process with MALLOC_MMAP_THRESHOLD_=65536, so freed tensors leave the resident set).")
     print(f"# Commit {info['commit']}; load average at start: {info['loadavg_start']}")
 
-    groups = [[Case(m, t, mode, args.chunk_size) for m in METHODS] for t in args.seq_lens for mode in MODES]
+    methods = [*METHODS, f"path@{args.ops_before}"] if args.ops_before else METHODS
+    groups = [[Case(m, t, mode, args.chunk_size) for m in methods] for t in args.seq_lens for mode in MODES]
     rows = run(groups, args)
     result: dict[str, object] = {"machine": info, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
     if rows:
         print()
-        print(comparison_table(rows, args.memory))
+        print(comparison_table(rows, args.memory, args.ops_before))
 
     if args.checkpointed_seq_lens:
         checkpointed_groups = [
@@ -322,7 +337,7 @@ def main() -> None:
         checkpointed = run(checkpointed_groups, args)
         result["checkpointed"] = checkpointed
         print("\nGradient-checkpointed forward+backward (the forward inside torch.utils.checkpoint, recomputed in")
-        print("backward); PaTH with the walk's activations kept (recompute=False) or the walk checkpointed too:\n")
+        print("backward); PaTH with the walk's running keys kept (recompute=False) or recomputed (recompute=True):\n")
         print(checkpointed_table(checkpointed, args.memory))
 
     if args.chunk_sizes:

@@ -12,35 +12,27 @@ One optimizer-free training step is timed in parts, on random token blocks, afte
 The PaTH core (`path_attention`'s torch backend) is timed inside the forward, and its forward + backward on the same
 shapes on its own. Prints a Markdown table (seconds per step, tokens/s, the ratio to "before" measured in the same run).
 
-`--ops-before COMMIT` adds the case `align-whole@COMMIT`: the whole-student align with path_hf.ops as it was at
-that commit (`path_hf/ops.py` and the files it imports relatively, read with `git show`, loaded as a package of their
-own), the recipe as it stood before this work.
+`--ops-before COMMIT` (repeatable) also times every case but `core` with path_hf.ops as it was at that commit
+(`path_hf/ops.py` and the files it imports relatively, read with `git show`, loaded as a package of their own),
+labelled `case@COMMIT`: e.g. `align-whole@8aac2a5`, the recipe as it stood before issue 9. Each row's ratio is
+against the first row of its stage (align or distill) in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
-import re
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
-from types import ModuleType
 
 import torch
-from transformers.dynamic_module_utils import get_relative_imports
+from ops_versions import load_ops_at
 
 from path_hf import modeling_path_llama, ops
 from path_hf.evaluation import IGNORE_INDEX
 from path_hf.recipes.arguments import TrainingArguments
 from path_hf.recipes.losses import AttentionAlignment
 from path_hf.recipes.models import select_trainable
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class CoreTimer:
@@ -68,29 +60,6 @@ class CoreTimer:
 
     def __exit__(self, *exc) -> None:
         setattr(self.module, self._name, self._original)
-
-
-def load_ops_at(commit: str) -> ModuleType:
-    """path_hf.ops as it was at `commit`: ops.py and the files it imports relatively, whichever that commit has (one
-    file before issue 12, several since), written to a package of their own and imported from there."""
-    package = "ops_at_" + re.sub(r"\W", "_", commit)
-    with tempfile.TemporaryDirectory() as directory:
-        folder = Path(directory) / package
-        folder.mkdir()
-        (folder / "__init__.py").touch()
-        pending = ["ops"]
-        while pending:
-            file = folder / f"{pending.pop()}.py"
-            if not file.exists():
-                show = ["git", "show", f"{commit}:path_hf/{file.name}"]
-                file.write_text(subprocess.run(show, cwd=ROOT, check=True, capture_output=True, text=True).stdout)
-                pending += get_relative_imports(file)
-        importlib.invalidate_caches()
-        sys.path.insert(0, directory)
-        try:  # the files import all they need now: the directory may go
-            return importlib.import_module(f"{package}.ops")
-        finally:
-            sys.path.remove(directory)
 
 
 @contextlib.contextmanager
@@ -219,7 +188,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trainable", default="attention", choices=("path", "attention"))
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     parser.add_argument("--cases", default="align-whole,align-isolated,distill,core")
-    parser.add_argument("--ops-before", metavar="COMMIT", help="also time align-whole with path_hf.ops of COMMIT")
+    parser.add_argument(
+        "--ops-before", metavar="COMMIT", action="append", help="also time the cases with path_hf.ops of COMMIT"
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -231,34 +202,33 @@ def main(argv: list[str] | None = None) -> None:
     batch = random_batch(student.config.vocab_size, args.batch, args.block, seed=0)
     cases = args.cases.split(",")
     results: dict[str, dict[str, float]] = {}
-    aligns = [(False, "align-whole", contextlib.nullcontext), (True, "align-isolated", contextlib.nullcontext)]
-    if args.ops_before:
-        aligns.insert(0, (False, f"align-whole@{args.ops_before}", lambda: ops_at(args.ops_before)))
-        cases.append(aligns[0][1])
-    for isolated, case, context in aligns:
-        if case in cases:
-            alignment = AttentionAlignment(student, teacher, isolated=isolated)
-            with context():
-                results[case] = measure(lambda a=alignment: align_step(student, teacher, a, batch), args.steps)
-            for hooks in (teacher.get_decoder().layers, student.get_decoder().layers):  # drop this case's hooks
-                for layer in hooks:
-                    layer.self_attn._forward_pre_hooks.clear()
-                    layer.self_attn._forward_hooks.clear()
-    if "distill" in cases:
-        with contextlib.nullcontext():
-            results["distill"] = measure(lambda: distill_step(student, teacher, batch), args.steps)
+    versions = [(f"@{commit}", lambda c=commit: ops_at(c)) for commit in args.ops_before or []]
+    versions.append(("", contextlib.nullcontext))
+    for suffix, context in versions:
+        with context():
+            for isolated, case in ((False, "align-whole"), (True, "align-isolated")):
+                if case in cases:
+                    alignment = AttentionAlignment(student, teacher, isolated=isolated)
+                    step = lambda a=alignment: align_step(student, teacher, a, batch)  # noqa: E731
+                    results[case + suffix] = measure(step, args.steps)
+                    for hooks in (teacher.get_decoder().layers, student.get_decoder().layers):  # drop its hooks
+                        for layer in hooks:
+                            layer.self_attn._forward_pre_hooks.clear()
+                            layer.self_attn._forward_hooks.clear()
+            if "distill" in cases:
+                results["distill" + suffix] = measure(lambda: distill_step(student, teacher, batch), args.steps)
     print(
         f"\nblock {args.block}, batch {args.batch}, trainable {args.trainable}, {torch.get_num_threads()} threads, "
         f"median of {args.steps} steps; seconds per step"
     )
     parts = ["teacher forward", "student forward", "backward", "PaTH core forward"]
-    print("| case | " + " | ".join(parts) + " | total | tokens/s | vs the first align |")
+    print("| case | " + " | ".join(parts) + " | total | tokens/s | vs the stage's first row |")
     print("|---|" + "---:|" * (len(parts) + 3))
-    before = None
+    first: dict[str, float] = {}  # the first total of each stage
     for case, times in results.items():
         total = times["teacher forward"] + times["student forward"] + times["backward"]
-        before = before or (total if case.startswith("align-whole") else None)
-        ratio = f"{before / total:.2f}x" if before and case.startswith("align") else ""
+        before = first.setdefault(case.split("-")[0].split("@")[0], total)
+        ratio = f"{before / total:.2f}x"
         cells = " | ".join(f"{times[part]:.2f}" for part in parts)
         print(f"| {case} | {cells} | {total:.2f} | {tokens / total:.0f} | {ratio} |")
     if "core" in cases:
