@@ -101,6 +101,13 @@ class Stage:
     learning_rate: float = field(metadata=_help("peak learning rate"))
     warmup_ratio: float = field(default=0.05, metadata=_help("fraction of the stage's steps of linear warmup"))
     min_lr_ratio: float = field(default=0.1, metadata=_help("cosine decay ends at learning_rate * min_lr_ratio"))
+    block_size: int | None = field(
+        default=None,
+        metadata=_help(
+            "tokens per packed training sequence in this stage (default data.block_size): e.g. a last stage at "
+            "longer blocks, for the attention at distances the first stages never showed"
+        ),
+    )
 
 
 @dataclass
@@ -258,6 +265,8 @@ def check_values(config: RecipeConfig) -> None:
     for i, stage in enumerate(config.stages):
         if stage.tokens <= 0 or stage.learning_rate <= 0:
             raise RecipeError(f"stages.{i}.tokens and stages.{i}.learning_rate must be positive")
+        if stage.block_size is not None and stage.block_size <= 0:
+            raise RecipeError(f"stages.{i}.block_size must be positive, got {stage.block_size}")
     positive = {
         "data.block_size": data.block_size,
         "data.eval_tokens": data.eval_tokens,

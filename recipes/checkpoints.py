@@ -29,7 +29,7 @@ class RunState:
     recovery log."""
 
     step: int = 0
-    batches: int = 0  # micro-batches consumed per process: the data position
+    batches: int = 0  # micro-batches consumed per process (the data positions follow from step: batches_drawn)
     tokens: int = 0
     source_ppl: dict[str, float] = field(default_factory=dict)  # by eval length, e.g. "1x"
     history: list[dict] = field(default_factory=list)

@@ -77,14 +77,21 @@ def pack_documents(texts: list[str], tokenizer, block_size: int) -> dict[str, li
 
 
 def training_blocks(
-    documents: Dataset | IterableDataset, tokenizer, data: DataArguments, accelerator: Accelerator
+    documents: Dataset | IterableDataset,
+    tokenizer,
+    data: DataArguments,
+    accelerator: Accelerator,
+    block_size: int | None = None,
+    setting: str = "data.block_size",
 ) -> Dataset | IterableDataset:
-    """Packed training blocks in a fixed shuffled order (what makes `resume` exact), as torch tensors."""
+    """Packed training blocks of `block_size` tokens (`data.block_size` if None; `setting` names where it was set) in a
+    fixed shuffled order (what makes `resume` exact), as torch tensors."""
+    block_size = block_size or data.block_size
     if isinstance(documents, IterableDataset):
         documents = documents.shuffle(seed=data.shuffle_seed, buffer_size=data.shuffle_buffer)
     with accelerator.main_process_first():  # the main process tokenises, the others read its cache
         blocks = documents.map(
-            lambda batch: pack_documents(batch[data.text_field], tokenizer, data.block_size),
+            lambda batch: pack_documents(batch[data.text_field], tokenizer, block_size),
             batched=True,
             batch_size=1000,
             remove_columns=[data.text_field],
@@ -95,7 +102,7 @@ def training_blocks(
     else:  # a stream: pack its first batch of documents
         empty = next(iter(blocks), None) is None
     if empty:
-        raise RecipeError(f"data: the training documents make no block of data.block_size={data.block_size} tokens")
+        raise RecipeError(f"data: the training documents make no block of {setting}={block_size} tokens")
     return blocks.with_format("torch")
 
 

@@ -14,21 +14,37 @@ from path_hf.recipes.arguments import Stage
 
 @dataclass(frozen=True)
 class StagePlan:
-    """A stage placed on the run's optimizer steps: `steps` of them from `first_step`."""
+    """A stage placed on the run's optimizer steps: `steps` of them from `first_step`, each of `block_size`-token
+    sequences, `tokens_per_step` tokens in all."""
 
     stage: Stage
     first_step: int
     steps: int
+    block_size: int
+    tokens_per_step: int
 
 
-def plan_stages(stages: list[Stage], tokens_per_step: int) -> list[StagePlan]:
-    """The stages one after another, each with enough steps for its token budget (at least one)."""
+def plan_stages(stages: list[Stage], block_size: int, sequences_per_step: int) -> list[StagePlan]:
+    """The stages one after another, each with enough steps for its token budget (at least one). `block_size`: the
+    sequences' length where a stage sets none; `sequences_per_step`: batch size x accumulation x processes."""
     plans, first = [], 0
     for stage in stages:
+        size = stage.block_size or block_size
+        tokens_per_step = size * sequences_per_step
         steps = max(1, math.ceil(stage.tokens / tokens_per_step))
-        plans.append(StagePlan(stage, first, steps))
+        plans.append(StagePlan(stage, first, steps, size, tokens_per_step))
         first += steps
     return plans
+
+
+def batches_drawn(plans: list[StagePlan], step: int, block_size: int, micro_batches: int) -> int:
+    """How many micro-batches of `block_size`-token blocks the steps before `step` drew: where a run of that block
+    length resumes its data (every block length has its own packing of the data, read from its start)."""
+    return sum(
+        micro_batches * min(max(0, step - plan.first_step), plan.steps)
+        for plan in plans
+        if plan.block_size == block_size
+    )
 
 
 def stage_at(plans: list[StagePlan], step: int) -> StagePlan:

@@ -54,7 +54,7 @@ from path_hf.recipes.models import (
     save_final_model,
     trainable_model,
 )
-from path_hf.recipes.schedule import learning_rate, plan_stages, set_learning_rate, stage_at
+from path_hf.recipes.schedule import batches_drawn, learning_rate, plan_stages, set_learning_rate, stage_at
 from path_hf.recipes.tracking import RUN_NAME, RecoveryTracker, TrainingLog, flat_config, trackers
 
 
@@ -88,22 +88,33 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
     # Sharded engines gather their weights in the model's own forward: the student must run whole there.
     isolated = accelerator.distributed_type not in (DistributedType.FSDP, DistributedType.DEEPSPEED)
     alignment = AttentionAlignment(model, teacher, isolated=isolated) if uses_alignment else None
-    blocks = training_blocks(documents, tokenizer, data_args, accelerator)
-    dataloader = DataLoader(blocks, batch_size=training.batch_size)
+    micro_batches = training.gradient_accumulation_steps
+    sequences_per_step = training.batch_size * micro_batches * accelerator.num_processes
+    stages = plan_stages(config.stages, data_args.block_size, sequences_per_step)
+    # One packing of the training data per block length the stages use, each read from its own position.
+    settings = {}  # block length -> the setting that asks for it first, for messages
+    for i, stage_plan in enumerate(stages):
+        setting = f"stages.{i}.block_size" if stage_plan.stage.block_size else "data.block_size"
+        settings.setdefault(stage_plan.block_size, setting)
+    dataloaders = {
+        size: DataLoader(
+            training_blocks(documents, tokenizer, data_args, accelerator, size, setting),
+            batch_size=training.batch_size,
+        )
+        for size, setting in settings.items()
+    }
     windows = evaluation_windows(eval_texts, tokenizer, data_args, training.eval_lengths)
     trainable = [param for param in model.parameters() if param.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=0.0, weight_decay=training.weight_decay)
     # FSDP2 replaces every parameter by a sharded one (and swaps them in the optimizer): from here on the parameters
     # are only read from the prepared model.
-    model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
+    model, optimizer, *prepared = accelerator.prepare(model, optimizer, *dataloaders.values())
+    dataloaders = dict(zip(dataloaders, prepared, strict=True))
     teacher = place_teacher(teacher, accelerator)
     if checkpoint is not None:
         restore_checkpoint(accelerator, checkpoint)
         accelerator.print(f"resumed at step {state.step} ({state.tokens:,} tokens)")
 
-    micro_batches = training.gradient_accumulation_steps
-    tokens_per_step = training.batch_size * data_args.block_size * micro_batches * accelerator.num_processes
-    stages = plan_stages(config.stages, tokens_per_step)
     total_steps = stages[-1].first_step + stages[-1].steps
     accelerator.init_trackers(RUN_NAME, config=flat_config(config))
     recovery = RecoveryTracker(state, windows, accelerator, training)
@@ -113,12 +124,16 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
         recovery.evaluate(model)
 
     checkpointer = Checkpointer(accelerator, state, output_dir, training.keep_checkpoints)
-    batches = endless_batches(dataloader, state.batches)
+    batches, block_size = None, None  # the batches of the current stage's block length
     reached_target = False
     with StopRequest() as stop, TrainingLog(total_steps, state, accelerator, training.log_every) as log:
         model.train()
         while state.step < total_steps and not reached_target:
             current = stage_at(stages, state.step)
+            if current.block_size != block_size:
+                block_size = current.block_size
+                start = batches_drawn(stages, state.step, block_size, micro_batches)
+                batches = endless_batches(dataloaders[block_size], start)
             lr = learning_rate(current, state.step)
             set_learning_rate(optimizer, lr)
             step_loss, grad_norm = 0.0, None
@@ -138,7 +153,7 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
                 step_loss += loss / micro_batches
             state.step += 1
             state.batches += micro_batches
-            state.tokens += tokens_per_step
+            state.tokens += current.tokens_per_step
             log.step(stage=current.stage.name, loss=step_loss, lr=lr, grad_norm=grad_norm)
             if state.step % training.eval_every == 0 and state.step < total_steps:
                 reached_target = recovery.evaluate(model)

@@ -15,11 +15,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import path_hf  # noqa: F401  (registers path_llama)
 from path_hf.errors import RecipeError
 from path_hf.evaluation import load_texts
+from path_hf.recipes import train
 from path_hf.recipes.arguments import Stage, TrainingArguments
 from path_hf.recipes.data import pack_documents
 from path_hf.recipes.losses import AttentionAlignment
 from path_hf.recipes.models import select_trainable
-from path_hf.recipes.schedule import learning_rate, plan_stages, stage_at
+from path_hf.recipes.schedule import batches_drawn, learning_rate, plan_stages, stage_at
 from tests.conversion.checkpoints import make_source
 from tests.recipes.recipe_runs import DATA, ROOT, parse_config, read_log, recipe_config, run_recipe
 
@@ -309,13 +310,63 @@ def test_each_stage_has_its_own_warmup_and_cosine_schedule():
         Stage("align", tokens=10 * 64, learning_rate=1e-2, warmup_ratio=0.2, min_lr_ratio=0.1),
         Stage("lm", tokens=3 * 64 + 1, learning_rate=1e-4, warmup_ratio=0.0, min_lr_ratio=0.0),
     ]
-    plans = plan_stages(stages, tokens_per_step=64)
+    plans = plan_stages(stages, block_size=64, sequences_per_step=1)
     assert [(plan.first_step, plan.steps) for plan in plans] == [(0, 10), (10, 4)]
     rates = [learning_rate(stage_at(plans, step), step) for step in range(14)]
     assert rates[0] < rates[1] < rates[2] == pytest.approx(1e-2)  # 2 warmup steps, then the peak
     assert all(a > b for a, b in zip(rates[2:10], rates[3:10], strict=False))
     assert rates[9] > 1e-3  # decays towards 0.1 x peak
     assert rates[10] == pytest.approx(1e-4) and rates[13] < 1e-4
+
+
+def test_stages_with_their_own_block_length_are_planned_and_resume_their_data():
+    stages = [
+        Stage("align", tokens=128, learning_rate=1e-3),
+        Stage("distill", tokens=256, learning_rate=1e-3, block_size=32),
+        Stage("lm", tokens=64, learning_rate=1e-3),
+    ]
+    plans = plan_stages(stages, block_size=16, sequences_per_step=4)
+    assert [(p.first_step, p.steps, p.block_size, p.tokens_per_step) for p in plans] == [
+        (0, 2, 16, 64),
+        (2, 2, 32, 128),
+        (4, 1, 16, 64),
+    ]
+    # each block length's data continues where the steps before left it
+    assert [batches_drawn(plans, step, 16, micro_batches=2) for step in range(6)] == [0, 2, 4, 4, 4, 6]
+    assert [batches_drawn(plans, step, 32, micro_batches=2) for step in range(6)] == [0, 0, 0, 2, 4, 4]
+
+
+def test_a_stage_trains_on_its_own_block_length_and_resumes_exactly(tiny_source, tmp_path, monkeypatch):
+    """A stage's `block_size` gives its batches that length (its own packing of the data) and its token count; a run
+    stopped inside it resumes with the same batches, to the same weights."""
+    shapes = []
+    micro_batch = train.train_micro_batch
+
+    def recording(batch, stage, **kwargs):
+        shapes.append((stage, tuple(batch["input_ids"].shape)))
+        return micro_batch(batch, stage, **kwargs)
+
+    monkeypatch.setattr(train, "train_micro_batch", recording)
+    uninterrupted, resumed = tmp_path / "a", tmp_path / "b"
+    stages = [
+        {"name": "distill", "tokens": 128, "learning_rate": 1e-2},
+        {"name": "lm", "tokens": 256, "learning_rate": 1e-2, "block_size": 32},
+    ]
+    training = {"save_every": 1, "keep_checkpoints": 5, "trainable": "attention"}
+    assert run_recipe(recipe_config(tiny_source, uninterrupted, stages=stages, training=training), tmp_path) == 0
+    assert shapes == [("distill", (4, 16))] * 2 + [("lm", (4, 32))] * 2
+    assert [e["tokens"] for e in read_log(uninterrupted) if "train/lr" in e] == [64, 128, 256, 384]
+
+    # As if stopped after step 3, the first of the 32-token stage
+    resumed.mkdir()
+    shutil.copytree(uninterrupted / "converted", resumed / "converted")
+    shutil.copytree(uninterrupted / "checkpoints" / "step-00000003", resumed / "checkpoints" / "step-00000003")
+    shapes.clear()
+    config = recipe_config(tiny_source, resumed, stages=stages, training={**training, "resume": True})
+    assert run_recipe(config, tmp_path) == 0
+    assert shapes == [("lm", (4, 32))]
+    for name, tensor in weights(uninterrupted / "final").items():
+        assert torch.equal(tensor, weights(resumed / "final")[name]), name
 
 
 @pytest.mark.parametrize("kind", ["txt", "parquet", "jsonl.xz", "dataset-directory"])
