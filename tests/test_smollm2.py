@@ -50,12 +50,13 @@ def test_the_smollm2_pipeline_on_a_tiny_gguf(tmp_path):
             for model, values in report["texts"][text]["ppl"].items()
         }
         assert sorted(ppl) == sorted(models)
-        # The one-window pass at the longest length runs on one text, for plain RoPE, YaRN and the recovered model.
+        # The one-window pass at the longest length runs on one text, for plain RoPE, YaRN and the recovered model with
+        # and without YaRN.
         long = {"source (RoPE)", "source + YaRN", "PaTH, recovered"} if text == LONG_TEXT else set()
         for model in models[:-1]:
             assert set(ppl[model]) == ({64, 128, 256} if model in long else {64, 128}), (text, model)
-        # The recovered model with YaRN (RoPE is kept) at the longest length of the main pass.
-        assert set(ppl["PaTH, recovered + YaRN"]) == {128}
+        # The recovered model with YaRN (RoPE is kept) at the longest length of the main pass (and of the long one).
+        assert set(ppl["PaTH, recovered + YaRN"]) == ({128, 256} if text == LONG_TEXT else {128})
         assert goals_of(report, text)["recovered_yarn_over_yarn_16k"] == pytest.approx(
             ppl["PaTH, recovered + YaRN"][128] / ppl["source + YaRN"][128]
         )
@@ -72,6 +73,9 @@ def test_the_smollm2_pipeline_on_a_tiny_gguf(tmp_path):
     long_ppl = report["texts"][LONG_TEXT]["ppl"]
     assert report["goals"][LONG_TEXT]["recovered_over_yarn_32k"] == pytest.approx(
         long_ppl["PaTH, recovered"]["256"] / long_ppl["source + YaRN"]["256"]
+    )
+    assert report["goals"][LONG_TEXT]["recovered_yarn_over_yarn_32k"] == pytest.approx(
+        long_ppl["PaTH, recovered + YaRN"]["256"] / long_ppl["source + YaRN"]["256"]
     )
 
     extras = report["extras"]
