@@ -187,6 +187,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=4, help="timed steps per case (after one warm-up)")
     parser.add_argument("--trainable", default="attention", choices=("path", "attention"))
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--teacher-dtype", default="float32", choices=("float32", "bfloat16"), help="the recipe's model.teacher_dtype"
+    )
     parser.add_argument("--cases", default="align-whole,align-isolated,distill,core")
     parser.add_argument(
         "--ops-before", metavar="COMMIT", action="append", help="also time the cases with path_hf.ops of COMMIT"
@@ -194,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    teacher = load(args.teacher, torch.float32).eval().requires_grad_(False)
+    teacher = load(args.teacher, getattr(torch, args.teacher_dtype)).eval().requires_grad_(False)
     student = load(args.student, torch.float32)
     select_trainable(student, TrainingArguments(output_dir=".", trainable=args.trainable))
     student.train()
@@ -218,7 +221,8 @@ def main(argv: list[str] | None = None) -> None:
             if "distill" in cases:
                 results["distill" + suffix] = measure(lambda: distill_step(student, teacher, batch), args.steps)
     print(
-        f"\nblock {args.block}, batch {args.batch}, trainable {args.trainable}, {torch.get_num_threads()} threads, "
+        f"\nblock {args.block}, batch {args.batch}, trainable {args.trainable}, teacher {args.teacher_dtype}, "
+        f"{torch.get_num_threads()} threads, "
         f"median of {args.steps} steps; seconds per step"
     )
     parts = ["teacher forward", "student forward", "backward", "PaTH core forward"]

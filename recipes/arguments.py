@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from path_hf.arguments import add_arguments, describe_fields, from_arguments, from_mapping
+from path_hf.arguments import DTYPES, add_arguments, describe_fields, from_arguments, from_mapping
 from path_hf.errors import RecipeError
 
 STAGES = ("align", "distill", "lm")
@@ -55,8 +55,17 @@ class ModelArguments:
             "layers, w_rank, conv_size, seed, dtype) used when `path` is a RoPE model"
         ),
     )
-    dtype: str = field(default="float32", metadata=_help("dtype the trained model is loaded in (master weights)"))
-    teacher_dtype: str = field(default="float32", metadata=_help("dtype of the frozen teacher"))
+    dtype: str = field(
+        default="float32", metadata=_help("dtype the trained model is loaded in (master weights)", choices=DTYPES)
+    )
+    teacher_dtype: str = field(
+        default="float32",
+        metadata=_help(
+            "dtype of the frozen teacher; auto: bfloat16 where the device multiplies bfloat16 matrices fast (a CUDA "
+            "GPU that supports it, a CPU with AMX or AVX-512 BF16), float32 elsewhere",
+            choices=(*DTYPES, "auto"),
+        ),
+    )
 
 
 @dataclass

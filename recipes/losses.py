@@ -37,6 +37,9 @@ class AttentionAlignment:
         self.isolated = isolated
         self.active = False
         self.inputs: dict[int, dict] = {}
+        # The student's own RoPE tables, computed once a step where the teacher's are of lower precision.
+        self.rotary = next((m for name, m in student.named_modules() if name.endswith("rotary_emb")), None)
+        self.tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
         self.targets: dict[int, torch.Tensor] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.layers = path_attention_layers(student)
@@ -56,6 +59,8 @@ class AttentionAlignment:
         def hook(module, args, kwargs):
             if self.active:
                 self.inputs[idx] = {"hidden_states": kwargs["hidden_states"], **_rope_kwargs(kwargs)}
+                if kwargs.get("position_ids") is not None:
+                    self.inputs[idx]["position_ids"] = kwargs["position_ids"]
 
         return hook
 
@@ -71,7 +76,13 @@ class AttentionAlignment:
         recorded = self.inputs[idx]
         kwargs = {"hidden_states": recorded["hidden_states"].to(dtype)}
         if "position_embeddings" in recorded:
-            kwargs["position_embeddings"] = tuple(t.to(dtype) for t in recorded["position_embeddings"])
+            tables = recorded["position_embeddings"]
+            if _less_precise(tables[0].dtype, dtype) and self.rotary is not None and "position_ids" in recorded:
+                # a bfloat16 teacher hands down cos/sin rounded to 3 digits: the student's own, at its precision
+                if dtype not in self.tables:
+                    self.tables[dtype] = self.rotary(kwargs["hidden_states"], recorded["position_ids"])
+                tables = self.tables[dtype]
+            kwargs["position_embeddings"] = tuple(t.to(dtype) for t in tables)
         return kwargs
 
     def _record(self, store: dict, idx: int):
@@ -92,6 +103,7 @@ class AttentionAlignment:
             self.inputs.clear()
             self.targets.clear()
             self.outputs.clear()
+            self.tables.clear()
 
     def _layer_loss(self, idx: int) -> torch.Tensor:
         return F.mse_loss(self.outputs[idx].float(), self.targets[idx].float())
@@ -142,6 +154,10 @@ def average_gradients(model: nn.Module, accelerator: Accelerator) -> None:
     flat = accelerator.reduce(torch.cat([grad.flatten() for grad in grads]), reduction="mean")
     for grad, averaged in zip(grads, flat.split([grad.numel() for grad in grads]), strict=True):
         grad.copy_(averaged.view_as(grad))
+
+
+def _less_precise(dtype: torch.dtype, than: torch.dtype) -> bool:
+    return torch.finfo(dtype).eps > torch.finfo(than).eps
 
 
 def _rope_kwargs(kwargs: dict) -> dict:

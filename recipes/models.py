@@ -107,9 +107,24 @@ def load_models(
     if plan.teacher is not None:
         with unpartitioned(accelerator.state.deepspeed_plugin):
             # a checkpoint, or a GGUF file dequantised to teacher_dtype
-            teacher = load_causal_lm(plan.teacher, getattr(torch, config.model.teacher_dtype))
+            teacher = load_causal_lm(plan.teacher, teacher_dtype(config.model.teacher_dtype, accelerator.device))
         teacher.eval().requires_grad_(False)
     return student, teacher
+
+
+def fast_bfloat16(device: torch.device) -> bool:
+    """Whether `device` multiplies bfloat16 matrices faster than float32 ones: a CUDA GPU that supports bfloat16, or
+    a CPU with AMX or AVX-512 BF16 (without them a CPU emulates bfloat16, several times slower than float32)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and (torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+
+
+def teacher_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`model.teacher_dtype`: a dtype's name, or `auto`, bfloat16 where `fast_bfloat16(device)`, float32 elsewhere."""
+    if name == "auto":
+        return torch.bfloat16 if fast_bfloat16(device) else torch.float32
+    return getattr(torch, name)
 
 
 @contextmanager

@@ -31,6 +31,7 @@ def refuse(config, tmp_path, capsys, *overrides) -> str:
         (["data.train_files=[missing.jsonl]"], "data.train_files: no such file(s): missing.jsonl"),
         (["data.block_size=1024"], "data.block_size 1024 is above the model's limit (max_position_embeddings=256)"),
         (["stages.0.block_size=0"], "stages.0.block_size must be positive, got 0"),
+        (["model.teacher_dtype=float64"], "model.teacher_dtype must be one of float32, bfloat16, float16, auto"),
         (["stages.0.block_size=512"], "stages.0.block_size 512 is above the model's limit"),
         (["data.text_field=body"], "lighthouse.jsonl has no column 'body'"),
         (["training.log_with=[mlflow]"], "training.log_with: unknown tracker"),

@@ -213,6 +213,47 @@ def test_alignment_loss_is_zero_for_an_exact_conversion(tmp_path, rope, exact, i
     assert student.model.layers[2].self_attn.bt_gain.weight.grad is not None
 
 
+def test_a_bfloat16_teacher_leaves_the_student_its_own_rope_tables(tmp_path):
+    """A bfloat16 teacher records cos/sin rounded to bfloat16; the student's attention gets its own tables, from its
+    rotary embedding at its precision, computed once a step."""
+    from path_hf.conversion.convert import convert
+    from path_hf.conversion.options import ConvertOptions
+
+    source = make_source(tmp_path / "source", "llama")
+    convert(ConvertOptions(source=str(source), output=str(tmp_path / "path"), rope="interleave", init="identity"))
+    student = AutoModelForCausalLM.from_pretrained(tmp_path / "path")
+    teacher = AutoModelForCausalLM.from_pretrained(source, dtype=torch.bfloat16).eval()
+    alignment = AttentionAlignment(student, teacher)
+    input_ids = torch.randint(3, 200, (1, 16), generator=torch.Generator().manual_seed(0))
+    position_ids = torch.arange(100, 116)[None]
+    with alignment.aligning():
+        teacher(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        recorded = alignment.inputs[0]["position_embeddings"]
+        tables = [alignment._recorded_input(idx, torch.float32)["position_embeddings"] for idx in (0, 1)]
+    assert recorded[0].dtype == torch.bfloat16
+    expected = student.model.rotary_emb(torch.zeros(1), position_ids)
+    for cos_sin in tables:
+        for table, exact, rounded in zip(cos_sin, expected, recorded, strict=True):
+            assert table.dtype == torch.float32 and torch.equal(table, exact)
+            assert not torch.equal(table, rounded.float())
+    assert tables[0][0] is tables[1][0]  # computed once for every layer
+    assert not alignment.tables  # and dropped after the step
+
+
+@pytest.mark.parametrize(
+    "amx, avx512_bf16, expected",
+    [(True, True, torch.bfloat16), (False, True, torch.bfloat16), (False, False, torch.float32)],
+    ids=["amx", "avx512-bf16", "avx2"],
+)
+def test_teacher_dtype_auto_takes_bfloat16_where_the_cpu_is_fast_at_it(monkeypatch, amx, avx512_bf16, expected):
+    from path_hf.recipes.models import teacher_dtype
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    assert teacher_dtype("auto", torch.device("cpu")) is expected
+    assert teacher_dtype("float16", torch.device("cpu")) is torch.float16
+
+
 def test_isolated_alignment_equals_the_whole_student_run(tmp_path):
     """Running each PaTH attention alone on the teacher's input, backpropagated layer by layer, gives the loss and
     the gradients of the whole student's forward with the inputs substituted, also when the whole student recomputes
