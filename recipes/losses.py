@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from path_hf.errors import RecipeError
 from path_hf.evaluation import IGNORE_INDEX
@@ -164,23 +165,42 @@ def _rope_kwargs(kwargs: dict) -> dict:
     return {"position_embeddings": kwargs["position_embeddings"]} if "position_embeddings" in kwargs else {}
 
 
+KL_CHUNK = 256  # rows of the vocabulary-wide log-softmax formed at once by `distillation_loss`
+
+
+def _kl_rows(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Sum over rows of KL(teacher || student) of softmax(logits / temperature), in float32."""
+    student = F.log_softmax(student_logits.float() / temperature, -1)
+    teacher = F.log_softmax(teacher_logits.float() / temperature, -1)
+    return F.kl_div(student, teacher, log_target=True, reduction="sum")
+
+
 def distillation_loss(
-    model: nn.Module, teacher: nn.Module, batch: dict[str, torch.Tensor], temperature: float
+    model: nn.Module,
+    teacher: nn.Module,
+    batch: dict[str, torch.Tensor],
+    temperature: float,
+    chunk: int = KL_CHUNK,
 ) -> torch.Tensor:
     """Stage 2: KL(teacher || student) of the next-token distributions at softened `temperature`, times T^2, mean
-    over the positions that predict a token of their own sequence."""
+    over the positions that predict a token of their own sequence.
+
+    The KL is formed `chunk` rows at a time, each recomputed in the backward (`torch.utils.checkpoint`): besides the
+    two models' logits and the student's logit gradient, memory holds one chunk's vocabulary-wide temporaries, not
+    the five or so full [tokens, vocabulary] tensors of a one-shot `F.kl_div` (at 2048 tokens and SmolLM2's 49,152
+    words, 400 MB each in float32)."""
     inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "use_cache": False}
-    with torch.no_grad():
-        teacher_logits = teacher(**inputs).logits[:, :-1].float()
-    student_logits = model(**inputs).logits[:, :-1].float()
     mask = batch["labels"][:, 1:] != IGNORE_INDEX
-    kl = F.kl_div(
-        F.log_softmax(student_logits[mask] / temperature, -1),
-        F.log_softmax(teacher_logits[mask] / temperature, -1),
-        log_target=True,
-        reduction="batchmean",
-    )
-    return kl * temperature**2
+    with torch.no_grad():
+        teacher_logits = teacher(**inputs).logits[:, :-1][mask]  # in the teacher's dtype: float32 per chunk
+    student_logits = model(**inputs).logits[:, :-1][mask]
+    if not len(student_logits):  # no position predicts a token of its own sequence: nothing to match
+        return student_logits.sum()
+    pieces = [
+        checkpoint(_kl_rows, rows, target, temperature, use_reentrant=False)
+        for rows, target in zip(student_logits.split(chunk), teacher_logits.split(chunk), strict=True)
+    ]
+    return torch.stack(pieces).sum() / len(student_logits) * temperature**2
 
 
 def lm_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

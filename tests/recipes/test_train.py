@@ -254,6 +254,44 @@ def test_teacher_dtype_auto_takes_bfloat16_where_the_cpu_is_fast_at_it(monkeypat
     assert teacher_dtype("float16", torch.device("cpu")) is torch.float16
 
 
+@pytest.mark.parametrize("chunk", [3, 1000], ids=["chunked", "one-chunk"])
+def test_distillation_loss_is_the_kl_over_predicting_positions_by_brute_force(tmp_path, chunk):
+    """The chunked, recomputed KL equals KL(teacher || student) written out from the two softmaxes, over the positions
+    whose next token is in their own document, with its gradients, at a temperature other than 1."""
+    from path_hf.conversion.convert import convert
+    from path_hf.conversion.options import ConvertOptions
+    from path_hf.recipes.losses import distillation_loss
+
+    source = make_source(tmp_path / "source", "llama", initializer_range=0.3)
+    convert(ConvertOptions(source=str(source), output=str(tmp_path / "path"), rope="drop", forget_gate=True))
+    teacher = AutoModelForCausalLM.from_pretrained(source).eval()
+    input_ids = torch.randint(3, 200, (2, 16), generator=torch.Generator().manual_seed(0))
+    position_ids = torch.tensor([list(range(10)) + list(range(6))] * 2)
+    labels = input_ids.clone()
+    labels[position_ids == 0] = -100  # a document's first token is predicted by none of its own
+    batch = {"input_ids": input_ids, "position_ids": position_ids, "labels": labels}
+    temperature, grads = 2.0, []
+    for brute_force in (False, True):
+        student = AutoModelForCausalLM.from_pretrained(tmp_path / "path")
+        if brute_force:
+            # use_cache=False: transformers' Llama keeps packed documents apart only without a cache
+            inputs = {"input_ids": input_ids, "position_ids": position_ids, "use_cache": False}
+            p_teacher = (teacher(**inputs).logits[:, :-1].detach().double() / temperature).softmax(-1)
+            p_student = (student(**inputs).logits[:, :-1].double() / temperature).softmax(-1)
+            kl = (p_teacher * (p_teacher.log() - p_student.log())).sum(-1)
+            keep = labels[:, 1:] != -100
+            loss = kl[keep].mean() * temperature**2
+        else:
+            loss = distillation_loss(student, teacher, batch, temperature, chunk=chunk)
+        loss.backward()
+        grads.append((loss.item(), {n: p.grad.double() for n, p in student.named_parameters()}))
+    (loss, grad), (expected, expected_grad) = grads
+    assert loss == pytest.approx(expected, rel=1e-5) and expected > 1e-3
+    for name, value in expected_grad.items():
+        scale = value.abs().max().item()  # float32 logits against float64 probabilities
+        torch.testing.assert_close(grad[name], value, rtol=1e-4, atol=1e-5 * scale, msg=name)
+
+
 def test_isolated_alignment_equals_the_whole_student_run(tmp_path):
     """Running each PaTH attention alone on the teacher's input, backpropagated layer by layer, gives the loss and
     the gradients of the whole student's forward with the inputs substituted, also when the whole student recomputes
