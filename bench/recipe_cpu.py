@@ -190,6 +190,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--teacher-dtype", default="float32", choices=("float32", "bfloat16"), help="the recipe's model.teacher_dtype"
     )
+    parser.add_argument(
+        "--student-autocast",
+        action="store_true",
+        help="the student's forward under bfloat16 autocast (accelerate's --mixed_precision bf16); the PaTH core "
+        "still computes in float32",
+    )
     parser.add_argument("--cases", default="align-whole,align-isolated,distill,core")
     parser.add_argument(
         "--ops-before", metavar="COMMIT", action="append", help="also time the cases with path_hf.ops of COMMIT"
@@ -207,8 +213,9 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, dict[str, float]] = {}
     versions = [(f"@{commit}", lambda c=commit: ops_at(c)) for commit in args.ops_before or []]
     versions.append(("", contextlib.nullcontext))
+    autocast = torch.autocast("cpu", torch.bfloat16, enabled=args.student_autocast)
     for suffix, context in versions:
-        with context():
+        with context(), autocast:
             for isolated, case in ((False, "align-whole"), (True, "align-isolated")):
                 if case in cases:
                     alignment = AttentionAlignment(student, teacher, isolated=isolated)
@@ -222,6 +229,7 @@ def main(argv: list[str] | None = None) -> None:
                 results["distill" + suffix] = measure(lambda: distill_step(student, teacher, batch), args.steps)
     print(
         f"\nblock {args.block}, batch {args.batch}, trainable {args.trainable}, teacher {args.teacher_dtype}, "
+        f"student autocast {'bfloat16' if args.student_autocast else 'off'}, "
         f"{torch.get_num_threads()} threads, "
         f"median of {args.steps} steps; seconds per step"
     )
