@@ -196,6 +196,11 @@ def main(argv: list[str] | None = None) -> None:
         help="the student's forward under bfloat16 autocast (accelerate's --mixed_precision bf16); the PaTH core "
         "still computes in float32",
     )
+    parser.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="the student recomputes its decoder layers' activations in backward (training.activation_checkpointing)",
+    )
     parser.add_argument("--cases", default="align-whole,align-isolated,distill,core")
     parser.add_argument(
         "--ops-before", metavar="COMMIT", action="append", help="also time the cases with path_hf.ops of COMMIT"
@@ -205,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     teacher = load(args.teacher, getattr(torch, args.teacher_dtype)).eval().requires_grad_(False)
     student = load(args.student, torch.float32)
+    if args.activation_checkpointing:
+        student.activation_checkpointing_enable()
     select_trainable(student, TrainingArguments(output_dir=".", trainable=args.trainable))
     student.train()
     tokens = args.batch * args.block
@@ -230,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"\nblock {args.block}, batch {args.batch}, trainable {args.trainable}, teacher {args.teacher_dtype}, "
         f"student autocast {'bfloat16' if args.student_autocast else 'off'}, "
+        f"activation checkpointing {'on' if args.activation_checkpointing else 'off'}, "
         f"{torch.get_num_threads()} threads, "
         f"median of {args.steps} steps; seconds per step"
     )
