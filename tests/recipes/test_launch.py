@@ -109,7 +109,8 @@ def test_sigterm_to_the_launcher_stops_training_with_a_checkpoint_to_resume_from
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(launcher.pid, signal.SIGKILL)  # a train.py still training after its launcher died
-    assert launcher.returncode == -signal.SIGTERM
+    # killed by the signal, or exited 128 + 15 where a handler in its imports caught it (once, in a full-suite run)
+    assert launcher.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM), launcher.returncode
     stopped_at = int(stderr.split("stopped by a signal at step ")[1].split(";")[0])
     assert (out / "checkpoints" / f"step-{stopped_at:08d}" / "run_state.json").is_file()
 
