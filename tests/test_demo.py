@@ -2,12 +2,13 @@
 `path-hf convert`, recover it with the recipe, evaluate five models at 1x-8x with `path-hf eval`, summarise."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests import processes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -15,13 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_the_demo_pipeline(tmp_path):
     out = tmp_path / "demo"
-    completed = subprocess.run(
-        [sys.executable, "examples/demo.py", "--quick", "--threads", "1", "--output", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    command = [sys.executable, "examples/demo.py", "--quick", "--threads", "1", "--output", str(out)]
+    completed = processes.run(command, timeout=900, cwd=ROOT, env=processes.environment())
     assert completed.returncode == 0, completed.stderr[-3000:]
     report = json.loads((out / "demo.json").read_text())
     lengths = [str(m * 256) for m in (1, 2, 4, 8)]

@@ -3,7 +3,6 @@ and the whole pipeline reduced (`--quick`: the outputs exist and are well formed
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from examples.pe_lab.positions import (
 )
 from examples.pe_lab.tasks import FlipFlop, KeyCopy
 from path_hf.evaluation import IGNORE_INDEX
+from tests import processes
 from tests.ops.path_reference import assert_close, path_attention_reference, path_scores_reference
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,13 +226,8 @@ def test_rope_by_hand():
 @pytest.mark.slow
 def test_the_lab_pipeline(tmp_path):
     out = tmp_path / "lab"
-    completed = subprocess.run(
-        [sys.executable, "-m", "examples.pe_lab", "--quick", "--output", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    command = [sys.executable, "-m", "examples.pe_lab", "--quick", "--output", str(out)]
+    completed = processes.run(command, timeout=300, cwd=ROOT, env=processes.environment())
     assert completed.returncode == 0, completed.stderr[-3000:]
     report = json.loads((out / "results.json").read_text())
     assert set(report["summary"]) == {"key-copy", "flip-flop", "text"}

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+from tests import processes  # noqa: E402
 from tests.conversion.gguf_files import tiny_model, write_gguf  # noqa: E402
 
 TEXTS = ["python-docs", "copyright-does-not-exist"]
@@ -22,9 +23,7 @@ def goals_of(report: dict, text: str) -> dict:
 
 def run_pipeline(gguf: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "examples/smollm2/run.py", "--quick", "--threads", "1", "--gguf", str(gguf)]
-    return subprocess.run(
-        [*command, "--output", str(out), *extra], cwd=ROOT, capture_output=True, text=True, timeout=1200
-    )
+    return processes.run([*command, "--output", str(out), *extra], timeout=1200, cwd=ROOT, env=processes.environment())
 
 
 @pytest.mark.slow

@@ -2,7 +2,6 @@
 DeepSpeed without it. See recipes/README.md, "FSDP2 and DeepSpeed: what the tests run"."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,8 +17,10 @@ from path_hf.errors import RecipeError
 from path_hf.recipes.arguments import TrainingArguments
 from path_hf.recipes.checkpoints import read_checkpoint
 from path_hf.recipes.models import check_engine
+from tests import processes
+from tests.processes import environment
 from tests.recipes.recipe_runs import ROOT, parse_config, read_log, recipe_config, run_recipe, write_config
-from tests.recipes.test_launch import environment, free_port
+from tests.recipes.test_launch import free_port
 
 ADAM_EPS = 1e-8  # torch.optim.AdamW's default, which the recipe keeps
 
@@ -100,14 +101,7 @@ def launch_recipe(tiny_source, out: Path, script: str, accelerate_args: list[str
     config = write_config(config, out.with_suffix(".yaml"))
     accelerate = Path(sys.executable).with_name("accelerate")
     command = [str(accelerate), "launch", *accelerate_args, "--main_process_port", str(free_port())]
-    result = subprocess.run(
-        [*command, script, "--config", str(config)],
-        cwd=ROOT,
-        env={**environment(), **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = processes.run([*command, script, "--config", str(config)], timeout=300, cwd=ROOT, env=environment(**env))
     assert result.returncode == 0, result.stderr[-3000:]
 
 

@@ -1,8 +1,6 @@
 """recipes/train.py as a program: two CPU processes under `accelerate launch`, and SIGTERM to it or to its launcher."""
 
-import contextlib
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -10,11 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+from tests import processes
+from tests.processes import environment
 from tests.recipes.recipe_runs import ROOT, read_log, recipe_config, run_recipe, write_config
-
-
-def environment() -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
 def free_port() -> int:
@@ -38,8 +34,7 @@ def test_two_processes_finish_with_the_same_weights(tiny_source, tmp_path):
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
         "recipes/train.py", "--config", str(config),
     ]  # fmt: skip
-    env = {**environment(), "ACCELERATE_USE_CPU": "1"}
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    result = processes.run(command, timeout=300, cwd=ROOT, env=environment(ACCELERATE_USE_CPU="1"))
     assert result.returncode == 0, result.stderr[-3000:]
 
     recovery = json.loads((out / "recovery.json").read_text())
@@ -63,17 +58,12 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tiny_source, tmp_path):
     out = tmp_path / "run"
     stages = [{"name": "lm", "tokens": 64 * 10_000, "learning_rate": 1e-3}]
     config = write_config(recipe_config(tiny_source, out, stages=stages), tmp_path / "recipe.yaml")
-    process = subprocess.Popen(
-        [sys.executable, "recipes/train.py", "--config", str(config)],
-        cwd=ROOT,
-        env=environment(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    wait_for_training(process, out)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
+    with processes.group(
+        [sys.executable, "recipes/train.py", "--config", str(config)], cwd=ROOT, env=environment()
+    ) as process:
+        wait_for_training(process, out)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = processes.communicate(process, timeout=120)
 
     assert process.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr
@@ -92,23 +82,12 @@ def test_sigterm_to_the_launcher_stops_training_with_a_checkpoint_to_resume_from
         str(accelerate), "launch", "--cpu", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
         "--dynamo_backend", "no", "recipes/train.py", "--config", str(write_config(config, tmp_path / "recipe.yaml")),
     ]  # fmt: skip
-    launcher = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=environment(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # a process group holding the launcher and train.py, for the cleanup below
-    )
-    try:
+    # On the way out, the group is killed: a train.py still training after its launcher died would be left there.
+    with processes.group(command, cwd=ROOT, env=environment()) as launcher:
         wait_for_training(launcher, out)
         launcher.send_signal(signal.SIGTERM)
         # train.py writes to the launcher's stdout and stderr: they close when it has exited too.
-        _, stderr = launcher.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(launcher.pid, signal.SIGKILL)  # a train.py still training after its launcher died
+        _, stderr = processes.communicate(launcher, timeout=60)
     # killed by the signal, or exited 128 + 15 where a handler in its imports caught it (once, in a full-suite run)
     assert launcher.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM), launcher.returncode
     stopped_at = int(stderr.split("stopped by a signal at step ")[1].split(";")[0])
