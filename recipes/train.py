@@ -17,6 +17,7 @@ resuming, stopping), `tracking.py` (perplexity recovery, logs).
 
 from __future__ import annotations
 
+import gc
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -161,7 +162,8 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
                 checkpointer.save()
             if all_processes(accelerator, stop.signal is not None):
                 path = checkpointer.ensure_saved()
-                accelerator.end_training()
+                del model, student, teacher, optimizer, alignment, prepared  # the process group outlives them: end_run
+                end_run(accelerator)
                 raise Interrupted(
                     f"stopped by a signal at step {state.step}; checkpoint {path}; resume with training.resume=true"
                 )
@@ -173,8 +175,20 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
     result = recovery.result(stopped_at_target=reached_target, replica_checksums=replica_checksums(model, accelerator))
     save_final_model(model, tokenizer, accelerator, output_dir, lora=training.trainable == "lora")
     recovery.write(result, output_dir)
-    accelerator.end_training()
+    del model, student, teacher, optimizer, alignment, prepared  # the process group outlives them: end_run
+    end_run(accelerator)
     return result
+
+
+def end_run(accelerator: Accelerator) -> None:
+    """Release what accelerate holds of the run (prepared model, optimizer, data loaders, a DeepSpeed engine), collect
+    it, and only then end the trackers and destroy the process group. The caller has dropped its own references. The
+    group must outlive every wrapper of the model: a DDP model freed after it drops, in its reducer's destructor, the
+    last reference to the gloo group while holding the GIL, and the group's destructor then joins a worker thread that
+    may be waiting for the GIL to finish the last collective (a hang after the run's work is done, seen in CI)."""
+    accelerator.free_memory()
+    gc.collect()
+    accelerator.end_training()
 
 
 def train_micro_batch(

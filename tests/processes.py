@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import psutil
 import pytest
@@ -19,11 +20,15 @@ import pytest
 DUMP_SECONDS = 2.0
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
 def environment(**extra: str) -> dict[str, str]:
     """This process's environment for a test's program, offline and on one thread, with `faulthandler` on: SIGABRT
-    (what `stop_group` sends a hung program) prints every thread's traceback."""
+    (what `stop_group` sends a hung program) prints every thread's traceback. Scripts under tests/ import `tests`."""
     return {
         **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",

@@ -23,6 +23,7 @@ from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType
 
 from path_hf.recipes import train
+from tests.recipes import teardown
 
 _init = AcceleratorState.__init__
 _prepare_backend = PartialState._prepare_backend
@@ -47,5 +48,6 @@ AcceleratorState.__init__ = _init_with_fsdp_on_cpu
 PartialState._prepare_backend = _prepare_backend_with_deepspeed_on_cpu
 
 if __name__ == "__main__":
+    teardown.install()  # and the order of the teardown is checked, as in the DDP runs
     train.follow_launcher()
     sys.exit(train.main())

@@ -110,7 +110,8 @@ def ddp_run(tiny_source, tmp_path_factory) -> Path:
     """The engine tests' recipe under DDP on two CPU processes: the reference."""
     out = tmp_path_factory.mktemp("ddp") / "run"
     ddp = ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no"]
-    launch_recipe(tiny_source, out, "recipes/train.py", [*ddp, "--dynamo_backend", "no"], {"ACCELERATE_USE_CPU": "1"})
+    ddp_env = {"ACCELERATE_USE_CPU": "1"}
+    launch_recipe(tiny_source, out, "tests/recipes/teardown.py", [*ddp, "--dynamo_backend", "no"], ddp_env)
     return out
 
 

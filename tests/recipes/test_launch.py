@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests import processes
 from tests.processes import environment
 from tests.recipes.recipe_runs import ROOT, read_log, recipe_config, run_recipe, write_config
@@ -19,6 +21,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def two_processes(config: Path) -> list[str]:
+    """`accelerate launch` of the recipe on two CPU processes (gloo; with ACCELERATE_USE_CPU=1), through
+    tests/recipes/teardown.py, which checks that the process group outlives the DDP model."""
+    accelerate = Path(sys.executable).with_name("accelerate")
+    return [
+        str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+        "tests/recipes/teardown.py", "--config", str(config),
+    ]  # fmt: skip
+
+
 def test_two_processes_finish_with_the_same_weights(tiny_source, tmp_path):
     out = tmp_path / "run"
     stages = [
@@ -28,13 +41,7 @@ def test_two_processes_finish_with_the_same_weights(tiny_source, tmp_path):
     config = write_config(
         recipe_config(tiny_source, out, stages=stages, training={"trainable": "attention"}), tmp_path / "recipe.yaml"
     )
-    accelerate = Path(sys.executable).with_name("accelerate")
-    command = [
-        str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-        "recipes/train.py", "--config", str(config),
-    ]  # fmt: skip
-    result = processes.run(command, timeout=300, cwd=ROOT, env=environment(ACCELERATE_USE_CPU="1"))
+    result = processes.run(two_processes(config), timeout=300, cwd=ROOT, env=environment(ACCELERATE_USE_CPU="1"))
     assert result.returncode == 0, result.stderr[-3000:]
 
     recovery = json.loads((out / "recovery.json").read_text())
@@ -46,12 +53,41 @@ def test_two_processes_finish_with_the_same_weights(tiny_source, tmp_path):
 
 
 def wait_for_training(process: subprocess.Popen, out: Path) -> None:
-    """Until `process` has logged its first training step."""
-    log = out / "logs" / "recovery" / "log.jsonl"
+    """Until `process` has logged its first training step; a test fails if it exits first, or does not get there in
+    two minutes (its process group is then stopped, with tracebacks)."""
     deadline = time.monotonic() + 120
-    while not (log.is_file() and any("train/lr" in entry for entry in read_log(out))):
-        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()[-3000:]
+    while not ((out / "logs" / "recovery" / "log.jsonl").is_file() and any("train/lr" in e for e in read_log(out))):
+        if process.poll() is not None:
+            pytest.fail(f"exited with {process.returncode} before training: {process.stderr.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            processes.communicate(process, timeout=0)
         time.sleep(0.2)
+
+
+def test_sigterm_to_two_processes_stops_both_at_one_step_and_ends_in_order(tiny_source, tmp_path):
+    """SIGTERM to the launcher of two processes, which passes it on: both stop at the end of the same step, save one
+    checkpoint, and release the DDP model before the process group goes (tests/recipes/teardown.py checks it)."""
+    out = tmp_path / "run"
+    stages = [{"name": "lm", "tokens": 64 * 10_000, "learning_rate": 1e-3}]
+    config = write_config(recipe_config(tiny_source, out, stages=stages), tmp_path / "recipe.yaml")
+    with processes.group(two_processes(config), cwd=ROOT, env=environment(ACCELERATE_USE_CPU="1")) as launcher:
+        wait_for_training(launcher, out)
+        launcher.send_signal(signal.SIGTERM)
+        _, stderr = processes.communicate(launcher, timeout=120)
+
+    stops = [
+        line.split("stopped by a signal at step ")[1].split(";")[0]
+        for line in stderr.splitlines()
+        if "stopped by a signal at step " in line
+    ]
+    assert len(stops) == 2 and stops[0] == stops[1], stderr[-3000:]
+    assert "RuntimeError" not in stderr, stderr[-3000:]
+    checkpoint = out / "checkpoints" / f"step-{int(stops[0]):08d}"
+    assert (checkpoint / "run_state.json").is_file()
+    assert sorted(path.name for path in checkpoint.glob("random_states_*.pkl")) == [
+        "random_states_0.pkl",
+        "random_states_1.pkl",
+    ]
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tiny_source, tmp_path):
