@@ -1,5 +1,5 @@
-# path-hf: `make demo`, `make smollm2`, `make test`, `make lint`, `make bench`, `make bench-wheels`, `make bench-gpu-prepare`,
-# `make bench-gpu-dry-run`, `make clean`, `make distclean`.
+# path-hf: `make demo`, `make smollm2`, `make test`, `make stress`, `make lint`, `make bench`, `make bench-wheels`,
+# `make bench-gpu-prepare`, `make bench-gpu-dry-run`, `make clean`, `make distclean`.
 # The first target that needs Python creates .venv and installs the package with its test extras.
 
 PYTHON ?= python3
@@ -13,7 +13,7 @@ STAMP := $(VENV)/.path-hf-installed
 TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch>=2.5,<2.16
 
-.PHONY: install test lint demo lab smollm2 bench bench-wheels bench-gpu-prepare bench-gpu-dry-run clean distclean
+.PHONY: install test stress lint demo lab smollm2 bench bench-wheels bench-gpu-prepare bench-gpu-dry-run clean distclean
 
 install: $(STAMP)
 
@@ -30,6 +30,13 @@ $(STAMP): pyproject.toml
 
 test: install
 	$(PY) -m pytest -q --durations=15
+
+# The DDP, FSDP2 and two-process SIGTERM tests STRESS_RUNS times in a row, STRESS_COPIES sequences at once (load): a hang
+# is stopped with its processes' tracebacks (tests/stress.py; logs in runs/stress). ~35 minutes on 2 cores.
+STRESS_RUNS ?= 20
+STRESS_COPIES ?= 2
+stress: install
+	$(PY) -m tests.stress --runs $(STRESS_RUNS) --copies $(STRESS_COPIES) --log runs/stress
 
 lint: install
 	$(PY) -m ruff check .
