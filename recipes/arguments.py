@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,7 +163,8 @@ class TrainingArguments:
     resume: bool = field(
         default=False,
         metadata=_help(
-            "continue from the latest complete checkpoint in output_dir (from the beginning if there is none); "
+            "continue from the latest complete checkpoint in output_dir (from the beginning if there is none), with "
+            "the config it was written with (cadence and the last stage's tokens may change: recipes/README.md); "
             "without it, a run in an output_dir that holds an earlier run is refused unless --force is given"
         ),
     )
@@ -216,7 +218,7 @@ def set_override(tree: dict, override: str) -> None:
         elif not isinstance(node, dict):
             raise RecipeError(f"override {key}: {'.'.join(parts[:i])} is not a mapping")
         if last:
-            node[part] = yaml.safe_load(raw)
+            node[part] = read_yaml(raw, f"override {override}")
         else:
             node = node.setdefault(part, {}) if isinstance(node, dict) else node[part]
 
@@ -258,7 +260,13 @@ def read_config(command: RecipeCommand) -> RecipeConfig:
     path = Path(command.config)
     if not path.is_file():
         raise RecipeError(f"--config {path}: no such file")
-    tree = yaml.safe_load(path.read_text()) or {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise RecipeError(f"--config {path}: not a text file (byte {error.start} is not UTF-8)") from None
+    except OSError as error:
+        raise RecipeError(f"--config {path}: cannot read it ({error.strerror})") from None
+    tree = read_yaml(text, f"--config {path}") or {}
     for override in command.overrides:
         set_override(tree, override)
     config = from_dict(RecipeConfig, tree, "")
@@ -266,30 +274,70 @@ def read_config(command: RecipeCommand) -> RecipeConfig:
     return config
 
 
+def read_yaml(text: str, where: str):
+    """`text` read as YAML; a syntax error is a `RecipeError` naming `where`, the line and column, and the problem."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = error.problem or error.context or type(error).__name__
+        hint = " (YAML indents with spaces, not tabs)" if "\\t" in problem else ""
+        raise RecipeError(f"{where}: not valid YAML ({at}{problem}{hint})") from None
+    except yaml.YAMLError as error:  # a character YAML does not accept (a binary file)
+        raise RecipeError(f"{where}: not valid YAML ({' '.join(str(error).split())})") from None
+
+
 def check_values(config: RecipeConfig) -> None:
-    """Checks of values that need no file or model: positive sizes, a stage to run, known trackers."""
+    """Checks of values that need no file or model, each naming its field: sizes, rates and ratios in their ranges
+    (finite), a stage to run, known trackers."""
     data, training = config.data, config.training
     if not config.stages:
         raise RecipeError("stages is empty: give at least one of align, distill, lm")
-    for i, stage in enumerate(config.stages):
-        if stage.tokens <= 0 or stage.learning_rate <= 0:
-            raise RecipeError(f"stages.{i}.tokens and stages.{i}.learning_rate must be positive")
-        if stage.block_size is not None and stage.block_size <= 0:
-            raise RecipeError(f"stages.{i}.block_size must be positive, got {stage.block_size}")
-    positive = {
-        "data.block_size": data.block_size,
-        "data.eval_tokens": data.eval_tokens,
-        "training.batch_size": training.batch_size,
-        "training.gradient_accumulation_steps": training.gradient_accumulation_steps,
-        "training.eval_every": training.eval_every,
-        "training.eval_batch_size": training.eval_batch_size,
-        "training.log_every": training.log_every,
-        "training.save_every": training.save_every,
-        "training.keep_checkpoints": training.keep_checkpoints,
-    }
-    for name, value in positive.items():
-        if value <= 0:
-            raise RecipeError(f"{name} must be positive, got {value}")
+    stages = list(enumerate(config.stages))
+    ranges = [  # what a field allows, the test of a value, the fields (None: unset, nothing to check)
+        ("positive", lambda value: value > 0, {
+            **{f"stages.{i}.tokens": stage.tokens for i, stage in stages},
+            "data.eval_tokens": data.eval_tokens,
+            "data.shuffle_buffer": data.shuffle_buffer,
+            "training.lora_alpha": training.lora_alpha,
+            "training.batch_size": training.batch_size,
+            "training.gradient_accumulation_steps": training.gradient_accumulation_steps,
+            "training.eval_every": training.eval_every,
+            "training.eval_batch_size": training.eval_batch_size,
+            "training.log_every": training.log_every,
+            "training.save_every": training.save_every,
+            "training.keep_checkpoints": training.keep_checkpoints,
+        }),
+        ("at least 1", lambda value: value >= 1, {"training.lora_r": training.lora_r}),
+        ("at least 2 (a token and the next one it predicts)", lambda value: value >= 2, {
+            "data.block_size": data.block_size,
+            **{f"stages.{i}.block_size": stage.block_size for i, stage in stages},
+        }),
+        ("a finite number > 0", lambda value: math.isfinite(value) and value > 0, {
+            **{f"stages.{i}.learning_rate": stage.learning_rate for i, stage in stages},
+            "training.distill_temperature": training.distill_temperature,
+            "training.target_ratio": training.target_ratio,
+        }),
+        ("a finite number >= 0", lambda value: math.isfinite(value) and value >= 0, {
+            "training.weight_decay": training.weight_decay,
+            "training.max_grad_norm": training.max_grad_norm,
+        }),
+        ("in [0, 1]", lambda value: 0 <= value <= 1, {
+            **{f"stages.{i}.warmup_ratio": stage.warmup_ratio for i, stage in stages},
+            **{f"stages.{i}.min_lr_ratio": stage.min_lr_ratio for i, stage in stages},
+        }),
+        ("in [0, 1)", lambda value: 0 <= value < 1, {"training.lora_dropout": training.lora_dropout}),
+        ("0 or more", lambda value: value >= 0, {
+            "data.eval_documents": data.eval_documents,
+            "data.shuffle_seed": data.shuffle_seed,
+        }),
+        ("in [0, 2**32)", lambda value: 0 <= value < 2**32, {"training.seed": training.seed}),  # numpy's seeds
+    ]  # fmt: skip
+    for allowed, in_range, values in ranges:
+        for name, value in values.items():
+            if value is not None and not in_range(value):
+                raise RecipeError(f"{name} must be {allowed}, got {value}")
     if not training.eval_lengths or min(training.eval_lengths) < 1:
         raise RecipeError(
             f"training.eval_lengths must be positive multiples of block_size, got {training.eval_lengths}"
@@ -304,6 +352,21 @@ def check_values(config: RecipeConfig) -> None:
         raise RecipeError("give exactly one of data.train_files (local files) and data.dataset (a hub dataset)")
 
 
+def flatten(tree: dict, sep: str = ".", prefix: str = "") -> dict:
+    """The values of a config tree (`dataclasses.asdict` of a `RecipeConfig`) by their full names, `stages.0.tokens`
+    with `sep="."`: mappings and lists of mappings (the stages) are walked, any other value is one entry."""
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            value = {str(i): item for i, item in enumerate(value)}
+        if isinstance(value, dict):
+            flat |= flatten(value, sep, f"{name}{sep}")
+        else:
+            flat[name] = value
+    return flat
+
+
 __all__ = [
     "DataArguments",
     "ModelArguments",
@@ -313,6 +376,8 @@ __all__ = [
     "Stage",
     "TrainingArguments",
     "build_parser",
+    "check_values",
+    "flatten",
     "parse_command",
     "parse_config",
     "read_config",

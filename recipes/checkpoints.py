@@ -76,6 +76,11 @@ def check_output_dir(training: TrainingArguments, force: bool) -> list[Path]:
     """The outputs of an earlier run in `training.output_dir`, for `force` to delete. A new run over them, whose
     checkpoints and logs would mix with the old ones, is refused unless it resumes or is forced."""
     output_dir = Path(training.output_dir)
+    existing = next(path for path in (output_dir, *output_dir.parents) if path.exists())
+    if not existing.is_dir():
+        raise RecipeError(f"training.output_dir {output_dir}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RecipeError(f"training.output_dir {output_dir}: {existing} is not writable")
     found = [output_dir / name for name in RUN_OUTPUTS if (output_dir / name).exists()]
     if force and training.resume:
         raise RecipeError("--force deletes the checkpoints training.resume=true would continue from: give only one")

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator, DistributedType
 from peft import LoraConfig, get_peft_model
+from safetensors import SafetensorError
 from torch import nn
 from torch.distributed.tensor import DTensor
 from transformers import PretrainedConfig
@@ -102,14 +103,25 @@ def load_models(
     if plan.convert_from is not None and accelerator.is_main_process and not Path(plan.student).is_dir():
         convert(conversion_options(config.model, plan.student))
     accelerator.wait_for_everyone()
-    student = load_causal_lm(plan.student, getattr(torch, config.model.dtype))
+    student_field = "model.path" if plan.convert_from is None else "the model converted from model.path into"
+    student = _load_causal_lm(plan.student, getattr(torch, config.model.dtype), student_field)
     teacher = None
     if plan.teacher is not None:
         with unpartitioned(accelerator.state.deepspeed_plugin):
             # a checkpoint, or a GGUF file dequantised to teacher_dtype
-            teacher = load_causal_lm(plan.teacher, teacher_dtype(config.model.teacher_dtype, accelerator.device))
+            dtype = teacher_dtype(config.model.teacher_dtype, accelerator.device)
+            teacher = _load_causal_lm(plan.teacher, dtype, "model.teacher")
         teacher.eval().requires_grad_(False)
     return student, teacher
+
+
+def _load_causal_lm(name: str, dtype: torch.dtype, field_name: str) -> nn.Module:
+    """The model of a checkpoint directory, hub id or GGUF file (`conversion.loading`), whose config `plan_models`
+    read: what fails now are its weights (missing, damaged)."""
+    try:
+        return load_causal_lm(name, dtype)
+    except (OSError, ValueError, SafetensorError, ConversionError) as error:
+        raise RecipeError(f"{field_name} {name}: cannot load its weights ({str(error).splitlines()[0]})") from error
 
 
 def fast_bfloat16(device: torch.device) -> bool:

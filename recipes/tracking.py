@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from path_hf.evaluation import IGNORE_INDEX, PerplexityResult, Window, plots, score_windows
-from path_hf.recipes.arguments import RecipeConfig, TrainingArguments
+from path_hf.recipes.arguments import RecipeConfig, TrainingArguments, flatten
 from path_hf.recipes.checkpoints import RunState
 from path_hf.recipes.models import shards_weights
 
@@ -93,20 +93,10 @@ def trackers(log_with: list[str], logging_dir: Path) -> list[str | GeneralTracke
 
 def flat_config(config: RecipeConfig) -> dict:
     """The recipe config as the hyperparameters trackers store: flat `section/key` names, scalar values."""
-    return _flat(asdict(config))
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat |= _flat(value, f"{name}/")
-        elif isinstance(value, list) and value and isinstance(value[0], dict):
-            flat |= _flat({str(i): item for i, item in enumerate(value)}, f"{name}/")
-        else:
-            flat[name] = value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
-    return flat
+    return {
+        name: value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+        for name, value in flatten(asdict(config), sep="/").items()
+    }
 
 
 class RecoveryTracker:

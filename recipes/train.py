@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from path_hf.conversion.loading import load_tokenizer
-from path_hf.errors import RecipeError
+from path_hf.errors import CommandError, RecipeError
 from path_hf.recipes.arguments import RecipeConfig, TrainingArguments, parse_command, read_config
 from path_hf.recipes.checkpoints import (
     Checkpointer,
@@ -235,11 +235,12 @@ def train_micro_batch(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the recipe from the command line; a refused configuration prints `error: ...` and returns 1."""
+    """Run the recipe from the command line; a refused configuration or a failed conversion prints `error: ...` and
+    returns 1."""
     try:
         command = parse_command(argv)
         train(read_config(command), force=command.force)
-    except RecipeError as error:
+    except CommandError as error:  # the recipe's refusals, and those of the conversion it runs
         print(f"error: {error}", file=sys.stderr)
         return 1
     except Interrupted as stopped:

@@ -1,7 +1,11 @@
 """Bad configurations fail before any work starts (nothing is written), with a message naming the field."""
 
-import pytest
+import shutil
 
+import pytest
+from safetensors.torch import load_file, save_file
+
+from path_hf.recipes import train
 from path_hf.recipes.models import conversion_options
 from tests.conversion.checkpoints import make_source
 from tests.recipes.recipe_runs import DATA, parse_config, recipe_config, run_recipe, write_config
@@ -30,11 +34,31 @@ def refuse(config, tmp_path, capsys, *overrides) -> str:
         (["model.convert.heads=2"], "unknown key model.convert.heads"),
         (["data.train_files=[missing.jsonl]"], "data.train_files: no such file(s): missing.jsonl"),
         (["data.block_size=1024"], "data.block_size 1024 is above the model's limit (max_position_embeddings=256)"),
-        (["stages.0.block_size=0"], "stages.0.block_size must be positive, got 0"),
+        (
+            ["stages.0.block_size=0"],
+            "stages.0.block_size must be at least 2 (a token and the next one it predicts), got 0",
+        ),
         (["model.teacher_dtype=float64"], "model.teacher_dtype must be one of float32, bfloat16, float16, auto"),
         (["stages.0.block_size=512"], "stages.0.block_size 512 is above the model's limit"),
         (["data.text_field=body"], "lighthouse.jsonl has no column 'body'"),
         (["training.log_with=[mlflow]"], "training.log_with: unknown tracker"),
+        # every number in its range, finite, checked before anything is loaded
+        (["stages.0.learning_rate=.nan"], "stages.0.learning_rate must be a finite number > 0, got nan"),
+        (["stages.0.learning_rate=inf"], "stages.0.learning_rate must be a finite number > 0, got inf"),
+        (["data.block_size=1"], "data.block_size must be at least 2 (a token and the next one it predicts), got 1"),
+        (["stages.0.block_size=1"], "stages.0.block_size must be at least 2"),
+        (["stages.0.warmup_ratio=-1"], "stages.0.warmup_ratio must be in [0, 1], got -1.0"),
+        (["stages.0.warmup_ratio=5"], "stages.0.warmup_ratio must be in [0, 1], got 5.0"),
+        (["stages.0.min_lr_ratio=-3"], "stages.0.min_lr_ratio must be in [0, 1], got -3.0"),
+        (["training.max_grad_norm=-1"], "training.max_grad_norm must be a finite number >= 0, got -1.0"),
+        (["training.weight_decay=.nan"], "training.weight_decay must be a finite number >= 0, got nan"),
+        (["training.distill_temperature=0"], "training.distill_temperature must be a finite number > 0, got 0.0"),
+        (["training.target_ratio=-1"], "training.target_ratio must be a finite number > 0, got -1.0"),
+        (["training.lora_r=0"], "training.lora_r must be at least 1, got 0"),
+        (["training.lora_dropout=1"], "training.lora_dropout must be in [0, 1), got 1.0"),
+        (["training.seed=-1"], "training.seed must be in [0, 2**32), got -1"),
+        (["data.eval_documents=-1"], "data.eval_documents must be 0 or more, got -1"),
+        (["training.keep_checkpoints=0"], "training.keep_checkpoints must be positive, got 0"),
     ],
     ids=lambda value: value[0] if isinstance(value, list) else None,
 )
@@ -85,3 +109,70 @@ def test_streamed_documents_too_short_for_a_block(tiny_source, tmp_path, capsys)
     config = recipe_config(tiny_source, tmp_path / "run", data=data, training={"eval_lengths": [1]})
     assert run_recipe(config, tmp_path) == 1
     assert "make no block of data.block_size=256 tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (b"model:\n  path: [x\ndata: {}\n", "not valid YAML (line 3, column 5: expected ',' or ']', but got ':')"),
+        (
+            b"model:\n\tpath: x\n",
+            "not valid YAML (line 2, column 1: found character '\\t' that cannot start any token (YAML indents with "
+            "spaces, not tabs))",
+        ),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "not a text file (byte 0 is not UTF-8)"),
+        (b"model: \x00\x01\x02\n", "not valid YAML (unacceptable character #x0000: special characters are not allowed"),
+    ],
+    ids=["malformed", "tab-indented", "binary", "control-characters"],
+)
+def test_an_unreadable_recipe_file_is_one_line_naming_the_file_and_the_place(
+    tiny_source, tmp_path, capsys, text, message
+):
+    path = tmp_path / "recipe.yaml"
+    path.write_bytes(text)
+    assert train.main(["--config", str(path)]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: --config {path}: ") and message in error and len(error.splitlines()) == 1
+
+
+def test_an_override_that_is_not_yaml_is_one_line_naming_it(tiny_source, tmp_path, capsys):
+    error = refuse(recipe_config(tiny_source, tmp_path / "run"), tmp_path, capsys, "training.batch_size=[")
+    assert error == (
+        "error: override training.batch_size=[: not valid YAML (line 1, column 2: expected the node content, but "
+        "found '<stream end>')\n"
+    )
+
+
+@pytest.mark.parametrize("where", ["output_dir", "parent"])
+def test_an_output_dir_that_is_a_file_is_refused_before_the_conversion(tiny_source, tmp_path, capsys, where):
+    file = tmp_path / "notes.txt"
+    file.write_text("mine")
+    output_dir = file if where == "output_dir" else file / "run"
+    assert run_recipe(recipe_config(tiny_source, output_dir), tmp_path) == 1
+    error = capsys.readouterr().err
+    assert error == f"error: training.output_dir {output_dir}: {file} is a file, not a directory\n"
+    assert file.read_text() == "mine" and sorted(tmp_path.iterdir()) == [file, tmp_path / "recipe.yaml"]
+
+
+def test_a_failed_conversion_is_one_line_and_leaves_nothing(tiny_source, tmp_path, capsys):
+    source = tmp_path / "nan-source"
+    shutil.copytree(tiny_source, source)
+    weights = load_file(source / "model.safetensors")
+    weights["lm_head.weight"][0, 0] = float("nan")
+    save_file(weights, source / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "run"
+    assert run_recipe(recipe_config(source, out), tmp_path) == 1
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: {source}: tensor 'lm_head.weight' holds 1 NaN") and len(error.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_a_teacher_without_weights_is_one_line_naming_the_field(tiny_source, tmp_path, capsys):
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    shutil.copy(tiny_source / "config.json", teacher)
+    config = recipe_config(tiny_source, tmp_path / "run", model={"teacher": str(teacher)})
+    assert run_recipe(config, tmp_path) == 1
+    error = capsys.readouterr().err  # after the student's loading bar
+    assert error.endswith("\n") and "Traceback" not in error
+    assert error.splitlines()[-1].startswith(f"error: model.teacher {teacher}: cannot load its weights (Error no file")
