@@ -1,7 +1,8 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
 """Checkpoints, resuming and stopping in recipes/train.py: the run state a checkpoint keeps besides model, optimizer
-and RNG states, saves that a kill midway cannot corrupt, the checks a resume makes before anything is loaded, the
-refusal to start anew over an earlier run, and stopping at the end of a step on SIGTERM or Ctrl-C."""
+and RNG states (with the config it was written with and the files it holds), saves that a kill midway cannot corrupt,
+the checks a resume makes before anything is loaded (the checkpoint whole, its run state sound, the config unchanged),
+the refusal to start anew over an earlier run, and stopping at the end of a step on SIGTERM or Ctrl-C."""
 
 from __future__ import annotations
 
@@ -11,28 +12,37 @@ import shutil
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path, PurePosixPath
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import load as load_restricted  # torch.load(weights_only=True), numpy arrays allowed
+from safetensors import SafetensorError, safe_open
 
 from path_hf.atomic import replace_directory
 from path_hf.errors import RecipeError
-from path_hf.recipes.arguments import TrainingArguments
+from path_hf.recipes.arguments import RecipeConfig, TrainingArguments, flatten
+from path_hf.recipes.data import eval_length_names
+from path_hf.recipes.schedule import StagePlan, planned_steps, tokens_before
 
 
 @dataclass
 class RunState:
-    """What a checkpoint keeps besides model, optimizer and RNG (`run_state.json`): the data position and the
-    recovery log."""
+    """What a checkpoint keeps besides model, optimizer and RNG (`run_state.json`): the data position, the recovery
+    log, and the config the run trains with (`recorded_config`), which a resume compares with its own."""
 
     step: int = 0
     batches: int = 0  # micro-batches consumed per process (the data positions follow from step: batches_drawn)
     tokens: int = 0
     source_ppl: dict[str, float] = field(default_factory=dict)  # by eval length, e.g. "1x"
-    history: list[dict] = field(default_factory=list)
+    history: list[dict] = field(default_factory=list)  # {"step", "tokens", "ppl", "ratio"} per evaluation
+    config: dict = field(default_factory=dict)
+
+
+def recorded_config(config: RecipeConfig) -> dict:
+    """`config` as `run_state.json` records it: JSON values only."""
+    return json.loads(json.dumps(asdict(config), default=str))
 
 
 RUN_STATE = "run_state.json"  # the last file a checkpoint gets
@@ -118,13 +128,24 @@ def save_checkpoint(accelerator: Accelerator, state: RunState, output_dir: Path,
     accelerator.save_state(str(staging))  # every process writes its own RNG states
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        (staging / RUN_STATE).write_text(json.dumps(asdict(state)))
+        # what a resume checks before loading anything: the files as they were written, by how many processes
+        record = {**asdict(state), "processes": accelerator.num_processes, "files": file_sizes(staging)}
+        (staging / RUN_STATE).write_text(json.dumps(record))
         # over an incomplete one of an earlier run, or this step saved again
         replace_directory(staging, path, old=path.with_name(f".{path.name}.old{STAGING}"), sync=True)
         for old in complete_checkpoints(output_dir)[:-keep]:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return path
+
+
+def file_sizes(checkpoint: Path) -> dict[str, int]:
+    """Every file of `checkpoint` (in engine subdirectories too) by its relative path, with its size in bytes."""
+    return {
+        path.relative_to(checkpoint).as_posix(): path.stat().st_size
+        for path in sorted(checkpoint.rglob("*"))
+        if path.is_file() and path.name != RUN_STATE
+    }
 
 
 class Checkpointer:
@@ -153,41 +174,221 @@ DEEPSPEED_FILES = ("latest", "zero_to_fp32.py", "zero_to_torch.py")
 
 def read_checkpoint(checkpoint: Path, accelerator: Accelerator) -> RunState:
     """The run state of `checkpoint`, read before any model is loaded, refusing a checkpoint that resuming from could
-    run code or leave the RNG states behind: every file besides safetensors and JSON must load through accelerate's
-    restricted loader (tensors, numbers, containers, numpy arrays), and there must be one RNG state file per process."""
+    run code, that is not whole, or that does not fit this run: its `run_state.json` must be sound (`parse_run_state`),
+    written by as many processes as this run has, every file it lists present with the size it was written with
+    (safetensors headers readable), and every file besides safetensors and JSON must load through accelerate's
+    restricted loader (tensors, numbers, containers, numpy arrays). Only `accelerator.num_processes` is read."""
     if pickled := sorted(checkpoint.glob("custom_checkpoint_*.pkl")):
         raise RecipeError(
             f"{pickled[0]}: a pickled run state (what earlier versions of this recipe wrote) is not loaded, as a "
             "pickle can run code; this checkpoint cannot be resumed: start anew with --force or in a new "
             "training.output_dir"
         )
+    state, processes, files = parse_run_state(checkpoint / RUN_STATE)
+    if processes != accelerator.num_processes:
+        raise RecipeError(
+            f"{checkpoint}: written by {processes} process(es), this run has {accelerator.num_processes}; resume with "
+            "the same number of processes (the data position and the RNG states are per process)"
+        )
+    for name, size in files.items():
+        path = checkpoint / name
+        if not path.is_file():
+            raise RecipeError(f"{path}: missing (the checkpoint was written with it); {_instead(checkpoint)}")
+        if path.stat().st_size != size:
+            raise RecipeError(
+                f"{path}: damaged ({path.stat().st_size:,} bytes, {size:,} when written); {_instead(checkpoint)}"
+            )
+        if path.suffix == ".safetensors":
+            try:
+                with safe_open(path, "pt") as weights:
+                    weights.keys()
+            except (SafetensorError, OSError) as error:
+                raise RecipeError(f"{path}: damaged ({_first_line(error)}); {_instead(checkpoint)}") from error
     for file in sorted(checkpoint.iterdir()):
         if file.is_dir() or file.suffix in (".safetensors", ".json") or file.name in DEEPSPEED_FILES:
             continue  # directories: engine shards (DeepSpeed), read by the engine's own loader
         try:
             load_restricted(file, map_location="cpu", mmap=True)
         except Exception as error:
-            reason = (str(error).strip() or type(error).__name__).splitlines()[0]
             raise RecipeError(
                 f"{file}: refused, it does not load as plain tensors and numbers (torch.load weights_only=True: "
-                f"{reason}); resume only from checkpoints this recipe wrote"
+                f"{_first_line(error)}); resume only from checkpoints this recipe wrote"
             ) from error
-    processes = len(list(checkpoint.glob("random_states_*.pkl")))
-    if processes != accelerator.num_processes:
-        raise RecipeError(
-            f"{checkpoint}: written by {processes} process(es), this run has {accelerator.num_processes}; resume with "
-            "the same number of processes (the data position and the RNG states are per process)"
+    return state
+
+
+def _instead(checkpoint: Path) -> str:
+    """What to do instead of resuming from a damaged `checkpoint`: the earlier complete ones, if any."""
+    earlier = [path.name for path in complete_checkpoints(checkpoint.parent.parent) if path.name < checkpoint.name]
+    if earlier:
+        return (
+            f"delete {checkpoint} to resume from {earlier[-1]}, the latest before it (complete checkpoints: "
+            f"{', '.join(earlier)})"
         )
+    return f"there is no earlier checkpoint: start anew with --force (or delete {checkpoint})"
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip() or type(error).__name__).splitlines()[0]
+
+
+RUN_STATE_FIELDS = tuple(option.name for option in fields(RunState)) + ("processes", "files")
+HISTORY_FIELDS = ("step", "tokens", "ppl", "ratio")
+
+
+def parse_run_state(path: Path) -> tuple[RunState, int, dict[str, int]]:
+    """`run_state.json` read as untrusted input: the run state, the number of processes that wrote the checkpoint and
+    its files' sizes, every field of the type it must have; a `RecipeError` names the file and the field."""
     try:
-        return RunState(**json.loads((checkpoint / RUN_STATE).read_text()))
-    except (OSError, ValueError, TypeError) as error:
-        raise RecipeError(f"{checkpoint / RUN_STATE}: not a run state of this recipe ({error})") from error
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise RecipeError(f"{path}: not a run state of this recipe ({_first_line(error)})") from error
+    if not isinstance(record, dict):
+        raise RecipeError(f"{path}: not a run state of this recipe (not a JSON object)")
+    if "config" not in record:
+        raise RecipeError(
+            f"{path}: written by an earlier version of this recipe, which recorded no config to compare this run's "
+            "with: resume it with that version, or start anew with --force or in a new training.output_dir"
+        )
+    unknown, missing = sorted(set(record) - set(RUN_STATE_FIELDS)), [k for k in RUN_STATE_FIELDS if k not in record]
+    if unknown or missing:
+        raise RecipeError(f"{path}: not a run state of this recipe (unknown: {unknown}, missing: {missing})")
+
+    def expect(name: str, value, valid: bool, kind: str) -> None:
+        if not valid:
+            shown = json.dumps(value)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise RecipeError(
+                f"{path}: {name} must be {kind}, got {shown}; resume only from checkpoints this recipe wrote"
+            )
+
+    for name in ("step", "batches", "tokens"):
+        expect(name, record[name], _is_count(record[name]), "an integer >= 0")
+    expect(
+        "processes", record["processes"], _is_count(record["processes"]) and record["processes"] >= 1, "an integer >= 1"
+    )
+    files = record["files"]
+    expect("files", files, isinstance(files, dict) and all(_is_count(size) for size in files.values()), "sizes by file")
+    for name in files:
+        inside = not PurePosixPath(name).is_absolute() and ".." not in PurePosixPath(name).parts
+        expect(f"files[{name!r}]", name, inside and name != "", "a path inside the checkpoint")
+    expect("source_ppl", record["source_ppl"], _is_scores(record["source_ppl"]), "numbers by evaluation length")
+    history = record["history"]
+    expect("history", history, isinstance(history, list) and bool(history), "a list of evaluations")
+    for i, entry in enumerate(history):
+        expect(
+            f"history.{i}", entry, isinstance(entry, dict) and sorted(entry) == sorted(HISTORY_FIELDS), "an evaluation"
+        )
+        for name in ("step", "tokens"):
+            expect(f"history.{i}.{name}", entry[name], _is_count(entry[name]), "an integer >= 0")
+        for name in ("ppl", "ratio"):
+            expect(f"history.{i}.{name}", entry[name], _is_scores(entry[name]), "numbers by evaluation length")
+    expect("config", record["config"], isinstance(record["config"], dict), "a mapping")
+    state = RunState(**{name: record[name] for name in RUN_STATE_FIELDS if name not in ("processes", "files")})
+    return state, record["processes"], files
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_scores(value) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(score, (int, float)) and not isinstance(score, bool) for score in value.values()
+    )
+
+
+# The fields a resume may change: where the run lives, how often it evaluates, logs and saves, when it stops early,
+# and how it computes (not what). Any other field changes the data position, the schedule of the steps taken, the
+# model, what trains or what the recorded evaluations mean; of those, only the last stage's tokens may change
+# (`check_resume`).
+RESUME_MAY_CHANGE = (
+    "training.output_dir",
+    "training.resume",
+    "training.activation_checkpointing",
+    "training.eval_every",
+    "training.eval_batch_size",
+    "training.target_ratio",
+    "training.log_every",
+    "training.log_with",
+    "training.save_every",
+    "training.keep_checkpoints",
+)
+
+
+def check_resume(checkpoint: Path, saved: RunState, config: RecipeConfig, stages: list[StagePlan]) -> RunState:
+    """The run state `saved` (`read_checkpoint`) continued under `config`, whose stages are planned as `stages`:
+    refused, naming every field, where `config` differs from the config the checkpoint was written with in more than
+    `RESUME_MAY_CHANGE` and the last stage's tokens, and where the step, data position, tokens and evaluations of
+    `saved` are not those the plan gives (a run state edited, or the last stage made to end before the step reached)."""
+    path, current = checkpoint / RUN_STATE, recorded_config(config)
+    old, new = flatten(saved.config), flatten(current)
+    last_tokens = f"stages.{len(config.stages) - 1}.tokens"
+    changes = [
+        f"{name} {_shown(old, name)} -> {_shown(new, name)}"
+        for name in dict.fromkeys([*old, *new])
+        if name not in RESUME_MAY_CHANGE
+        and old.get(name, _UNSET) != new.get(name, _UNSET)
+        and not (name == last_tokens and _is_count(old.get(name)))  # checked against the step reached below
+    ]
+    if changes:
+        raise RecipeError(
+            f"{checkpoint} was written with another config: {', '.join(changes)}; resume with the config it was "
+            "written with (recipes/README.md says which fields may change), or start anew with --force or in a new "
+            "training.output_dir"
+        )
+    total = planned_steps(stages)
+    if saved.step > total:
+        last = stages[-1]
+        if old[last_tokens] != new[last_tokens]:
+            needed = (saved.step - last.first_step) * last.tokens_per_step
+            raise RecipeError(
+                f"{last_tokens} {new[last_tokens]} ends the run at step {total}, before step {saved.step}, which "
+                f"{checkpoint} reached: give it at least {needed} (a resume may make the last stage longer or shorter, "
+                "not end before the step reached)"
+            )
+        raise RecipeError(
+            f"{path}: step {saved.step} is past the end of the run ({total} steps); resume only from checkpoints this "
+            "recipe wrote"
+        )
+
+    def expect(name: str, value, expected) -> None:
+        if value != expected:
+            raise RecipeError(
+                f"{path}: {name} is {value}, step {saved.step} of this config gives {expected}; resume only from "
+                "checkpoints this recipe wrote"
+            )
+
+    expect("batches", saved.batches, saved.step * config.training.gradient_accumulation_steps)
+    expect("tokens", saved.tokens, tokens_before(stages, saved.step))
+    lengths = list(eval_length_names(config.training.eval_lengths).values())
+    expect("source_ppl's lengths", sorted(saved.source_ppl), sorted(lengths) if saved.source_ppl else [])
+    steps = [entry["step"] for entry in saved.history]
+    expect("history's first step", steps[0], 0)
+    expect("history's last step", max(steps[-1], saved.step), saved.step)  # never an evaluation ahead of the run
+    expect("history's order of steps", steps, sorted(steps))
+    for i, entry in enumerate(saved.history):
+        expect(f"history.{i}.tokens", entry["tokens"], tokens_before(stages, entry["step"]))
+        expect(f"history.{i}.ppl's lengths", sorted(entry["ppl"]), sorted(lengths))
+        expect(f"history.{i}.ratio's lengths", sorted(entry["ratio"]), sorted(saved.source_ppl))
+    return replace(saved, config=current)
+
+
+_UNSET = object()
+
+
+def _shown(values: dict, name: str) -> str:
+    return json.dumps(values[name]) if name in values else "(unset)"
 
 
 def restore_checkpoint(accelerator: Accelerator, checkpoint: Path) -> None:
     """`accelerator.load_state` of a checkpoint `read_checkpoint` accepted, refusing to go on if the RNG states were
-    not restored (accelerate only logs that)."""
-    accelerator.load_state(str(checkpoint))
+    not restored (accelerate only logs that). What the checks before could not see (tensors that do not fit the model,
+    damage inside a file of the right size) fails naming the checkpoint."""
+    try:
+        accelerator.load_state(str(checkpoint))
+    except (OSError, RuntimeError, ValueError, KeyError) as error:
+        raise RecipeError(f"{checkpoint}: cannot be loaded ({_first_line(error)}); {_instead(checkpoint)}") from error
     rng_file = checkpoint / f"random_states_{accelerator.process_index}.pkl"
     saved = load_restricted(rng_file, map_location="cpu")
     torch_state = saved.get("torch_manual_seed") if isinstance(saved, dict) else None

@@ -119,6 +119,11 @@ def endless_batches(dataloader: DataLoader, start: int) -> Iterator[dict[str, to
     yield from epochs
 
 
+def eval_length_names(eval_lengths: list[int]) -> dict[int, str]:
+    """The names of the evaluation lengths (multiples of the block length), shortest first: `{1: "1x", 2: "2x"}`."""
+    return {n: f"{n}x" for n in sorted(set(eval_lengths))}
+
+
 def evaluation_windows(
     eval_texts: list[str], tokenizer, data: DataArguments, eval_lengths: list[int]
 ) -> dict[str, list[Window]]:
@@ -126,7 +131,7 @@ def evaluation_windows(
     non-overlapping windows of each length of `eval_lengths` times `data.block_size`, by name (`"2x"`). Refuses a
     stream shorter than the longest window."""
     stream = tokenize_stream(eval_texts, tokenizer, data.eval_tokens)
-    windows = {f"{n}x": make_windows(stream, n * data.block_size) for n in sorted(set(eval_lengths))}
+    windows = {name: make_windows(stream, n * data.block_size) for n, name in eval_length_names(eval_lengths).items()}
     longest = max(eval_lengths) * data.block_size
     if len(stream) < longest:
         raise RecipeError(

@@ -47,6 +47,16 @@ def batches_drawn(plans: list[StagePlan], step: int, block_size: int, micro_batc
     )
 
 
+def planned_steps(plans: list[StagePlan]) -> int:
+    """The optimizer steps of the whole run."""
+    return plans[-1].first_step + plans[-1].steps
+
+
+def tokens_before(plans: list[StagePlan], step: int) -> int:
+    """The training tokens of the steps before `step`, all processes together."""
+    return sum(plan.tokens_per_step * min(max(0, step - plan.first_step), plan.steps) for plan in plans)
+
+
 def stage_at(plans: list[StagePlan], step: int) -> StagePlan:
     """The stage that optimizer step `step` (counted from 0) belongs to."""
     return next(plan for plan in plans if step < plan.first_step + plan.steps)

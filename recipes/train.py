@@ -38,10 +38,12 @@ from path_hf.recipes.checkpoints import (
     StopRequest,
     all_processes,
     check_output_dir,
+    check_resume,
     delete_earlier_run,
     follow_launcher,
     latest_checkpoint,
     read_checkpoint,
+    recorded_config,
     restore_checkpoint,
 )
 from path_hf.recipes.data import endless_batches, evaluation_windows, load_documents, training_blocks
@@ -55,7 +57,14 @@ from path_hf.recipes.models import (
     save_final_model,
     trainable_model,
 )
-from path_hf.recipes.schedule import batches_drawn, learning_rate, plan_stages, set_learning_rate, stage_at
+from path_hf.recipes.schedule import (
+    batches_drawn,
+    learning_rate,
+    plan_stages,
+    planned_steps,
+    set_learning_rate,
+    stage_at,
+)
 from path_hf.recipes.tracking import RUN_NAME, RecoveryTracker, TrainingLog, flat_config, trackers
 
 
@@ -79,8 +88,13 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
     )
     set_seed(training.seed)
     delete_earlier_run(earlier_outputs, output_dir, accelerator)
+    micro_batches = training.gradient_accumulation_steps
+    sequences_per_step = training.batch_size * micro_batches * accelerator.num_processes
+    stages = plan_stages(config.stages, data_args.block_size, sequences_per_step)
     checkpoint = latest_checkpoint(output_dir, accelerator) if training.resume else None
-    state = read_checkpoint(checkpoint, accelerator) if checkpoint is not None else RunState()
+    state = RunState(config=recorded_config(config))
+    if checkpoint is not None:  # the checkpoint whole, its run state sound and its config this one
+        state = check_resume(checkpoint, read_checkpoint(checkpoint, accelerator), config, stages)
     check_engine(training, accelerator.distributed_type, accelerator.state.deepspeed_plugin)
 
     student, teacher = load_models(config, plan, accelerator)
@@ -89,9 +103,6 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
     # Sharded engines gather their weights in the model's own forward: the student must run whole there.
     isolated = accelerator.distributed_type not in (DistributedType.FSDP, DistributedType.DEEPSPEED)
     alignment = AttentionAlignment(model, teacher, isolated=isolated) if uses_alignment else None
-    micro_batches = training.gradient_accumulation_steps
-    sequences_per_step = training.batch_size * micro_batches * accelerator.num_processes
-    stages = plan_stages(config.stages, data_args.block_size, sequences_per_step)
     # One packing of the training data per block length the stages use, each read from its own position.
     settings = {}  # block length -> the setting that asks for it first, for messages
     for i, stage_plan in enumerate(stages):
@@ -116,7 +127,7 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
         restore_checkpoint(accelerator, checkpoint)
         accelerator.print(f"resumed at step {state.step} ({state.tokens:,} tokens)")
 
-    total_steps = stages[-1].first_step + stages[-1].steps
+    total_steps = planned_steps(stages)
     accelerator.init_trackers(RUN_NAME, config=flat_config(config))
     recovery = RecoveryTracker(state, windows, accelerator, training)
     if not state.history:  # before training: the source and the converted model on the evaluation split

@@ -1,6 +1,8 @@
-"""Checkpoints of recipes/train.py: resuming runs no code planted in a checkpoint and restores every RNG state; a save
-killed midway leaves the complete checkpoints to resume from."""
+"""Checkpoints of recipes/train.py: resuming runs no code planted in a checkpoint, restores every RNG state, refuses a
+checkpoint that is not whole, a run state that is not sound and a config that changed, naming the file or every field;
+a save killed midway leaves the complete checkpoints to resume from."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -8,7 +10,8 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from tests.recipes.recipe_runs import read_log, recipe_config, run_recipe, train
+from path_hf.recipes.checkpoints import file_sizes, recorded_config
+from tests.recipes.recipe_runs import parse_config, read_log, recipe_config, run_recipe, train, write_config
 
 
 class PlantedCode:
@@ -26,16 +29,29 @@ RUN_STATE = {"step": 2, "batches": 2, "tokens": 128, "source_ppl": {}, "history"
 
 @pytest.fixture(scope="module")
 def finished_run(tiny_source, tmp_path_factory):
-    """A run of two steps with a checkpoint at step 2."""
+    """A run of two steps with checkpoints at steps 1 and 2."""
     tmp_path = tmp_path_factory.mktemp("finished")
-    config = recipe_config(tiny_source, tmp_path / "run", training={"save_every": 2})
+    config = recipe_config(tiny_source, tmp_path / "run", training={"save_every": 1})
     assert run_recipe(config, tmp_path) == 0
     return tmp_path / "run"
 
 
-def test_a_checkpoint_holds_no_pickled_objects(finished_run):
-    files = {path.name for path in (finished_run / "checkpoints" / "step-00000002").iterdir()}
+def edit_run_state(checkpoint: Path, **fields) -> None:
+    """Set `fields` in the checkpoint's run_state.json, and record its files as they are now (as someone who planted a
+    file and knew the format would)."""
+    path = checkpoint / "run_state.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "files": file_sizes(checkpoint), **fields}))
+
+
+def test_a_checkpoint_holds_no_pickled_objects_and_records_its_config_and_files(tiny_source, finished_run, tmp_path):
+    checkpoint = finished_run / "checkpoints" / "step-00000002"
+    files = {path.name for path in checkpoint.iterdir()}
     assert files == {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "run_state.json"}
+    run_state = json.loads((checkpoint / "run_state.json").read_text())
+    config = recipe_config(tiny_source, finished_run, training={"save_every": 1})
+    assert run_state["config"] == recorded_config(parse_config(["--config", str(write_config(config, tmp_path / "r"))]))
+    assert run_state["processes"] == 1
+    assert run_state["files"] == {name: (checkpoint / name).stat().st_size for name in files - {"run_state.json"}}
 
 
 def plant_old_format(checkpoint, marker):
@@ -50,18 +66,22 @@ def plant_custom_state(checkpoint, marker):
 
 def plant_random_states(checkpoint, marker):
     torch.save({"random_state": PlantedCode(marker)}, checkpoint / "random_states_0.pkl")
+    edit_run_state(checkpoint)
 
 
 def plant_optimizer(checkpoint, marker):
     torch.save(PlantedCode(marker), checkpoint / "optimizer.bin")
+    edit_run_state(checkpoint)
 
 
 def unusable_random_states(checkpoint, marker):
     torch.save({"step": 2}, checkpoint / "random_states_0.pkl")  # loads, but accelerate cannot restore it
+    edit_run_state(checkpoint)
 
 
 def more_processes(checkpoint, marker):
     shutil.copy(checkpoint / "random_states_0.pkl", checkpoint / "random_states_1.pkl")
+    edit_run_state(checkpoint, processes=2)
 
 
 @pytest.mark.parametrize(
@@ -157,3 +177,181 @@ def test_a_new_run_over_an_earlier_one_needs_resume_or_force(tiny_source, finish
     assert "--force: deleted checkpoints, logs, final, recovery.json, recovery.png" in capsys.readouterr().out
     assert [entry["step"] for entry in read_log(out) if "train/lr" in entry] == [1, 2]  # a new log
     assert sorted(path.name for path in (out / "checkpoints").iterdir()) == ["step-00000002"]
+
+
+def tree(directory: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(directory)): path.read_bytes() for path in directory.rglob("*") if path.is_file()}
+
+
+@pytest.fixture
+def resumed_run(finished_run, tmp_path, monkeypatch):
+    """A copy of `finished_run` to resume, where loading a model fails the test."""
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+
+    def no_model_loads(*args):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(train, "load_models", no_model_loads)
+    return out
+
+
+def refused_resume(tiny_source, out, tmp_path, capsys, *overrides) -> str:
+    """The one-line error of a resume in `out` (`resumed_run`), which must change nothing there."""
+    before = tree(out)
+    config = recipe_config(tiny_source, out, training={"save_every": 1, "resume": True})
+    assert run_recipe(config, tmp_path, *overrides) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and len(error.splitlines()) == 1, error
+    assert tree(out) == before
+    return error
+
+
+def truncated(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:1000])
+
+
+def garbage(path: Path) -> None:
+    path.write_bytes(b"\x07" * path.stat().st_size)
+
+
+@pytest.mark.parametrize(
+    "file, damage, problem",
+    [
+        ("model.safetensors", truncated, "damaged (1,000 bytes, "),
+        ("model.safetensors", garbage, "damaged (Error while deserializing header: header too large)"),
+        ("optimizer.bin", Path.unlink, "missing (the checkpoint was written with it)"),
+        ("random_states_0.pkl", Path.unlink, "missing (the checkpoint was written with it)"),
+    ],
+    ids=["truncated-weights", "garbage-weights", "no-optimizer", "no-random-states"],
+)
+def test_resume_refuses_a_damaged_checkpoint_naming_the_file_and_the_one_to_resume_from(
+    tiny_source, resumed_run, tmp_path, capsys, file, damage, problem
+):
+    checkpoints = resumed_run / "checkpoints"
+    damage(checkpoints / "step-00000002" / file)
+    error = refused_resume(tiny_source, resumed_run, tmp_path, capsys)
+    assert f"error: {checkpoints / 'step-00000002' / file}: {problem}" in error
+    assert error.endswith(
+        f"; delete {checkpoints / 'step-00000002'} to resume from step-00000001, the latest before it (complete "
+        "checkpoints: step-00000001)\n"
+    )
+
+
+def test_a_damaged_only_checkpoint_says_to_start_anew(tiny_source, resumed_run, tmp_path, capsys):
+    checkpoints = resumed_run / "checkpoints"
+    shutil.rmtree(checkpoints / "step-00000001")
+    (checkpoints / "step-00000002" / "optimizer.bin").unlink()
+    error = refused_resume(tiny_source, resumed_run, tmp_path, capsys)
+    assert error.endswith(
+        f"there is no earlier checkpoint: start anew with --force (or delete {checkpoints / 'step-00000002'})\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"step": -5}, "run_state.json: step must be an integer >= 0, got -5"),
+        ({"step": "2"}, 'run_state.json: step must be an integer >= 0, got "2"'),
+        ({"step": 1_000_000}, "run_state.json: step 1000000 is past the end of the run (2 steps)"),
+        ({"step": 1}, "run_state.json: batches is 2, step 1 of this config gives 1"),
+        ({"tokens": 5}, "run_state.json: tokens is 5, step 2 of this config gives 128"),
+        ({"batches": 3}, "run_state.json: batches is 3, step 2 of this config gives 2"),
+        ({"processes": 0}, "run_state.json: processes must be an integer >= 1, got 0"),
+        ({"files": {"../../recipe.yaml": 1}}, "run_state.json: files['../../recipe.yaml'] must be a path inside"),
+        ({"source_ppl": [1.0]}, "run_state.json: source_ppl must be numbers by evaluation length, got [1.0]"),
+        ({"source_ppl": {"1x": 5.0}}, "run_state.json: source_ppl's lengths is ['1x'], step 2 of this config gives"),
+        ({"history": []}, "run_state.json: history must be a list of evaluations, got []"),
+        ({"history": [{"step": 0}]}, "run_state.json: history.0 must be an evaluation"),
+        ({"history": [{"step": 0, "tokens": 0, "ppl": {"1x": "low"}, "ratio": {}}]}, "history.0.ppl must be numbers"),
+        ({"history": [{"step": 0, "tokens": 0, "ppl": {"3x": 1.0}, "ratio": {}}]}, "history.0.ppl's lengths is"),
+        ({"history": [{"step": 9, "tokens": 0, "ppl": {}, "ratio": {}}]}, "history's first step is 9"),
+        ({"config": []}, "run_state.json: config must be a mapping"),
+        (
+            {"config": None, "extra": 1},
+            "run_state.json: not a run state of this recipe (unknown: ['extra'], missing: [])",
+        ),
+        (None, "run_state.json: written by an earlier version of this recipe, which recorded no config"),
+        ("{", "run_state.json: not a run state of this recipe (Expecting property name"),
+    ],
+    ids=lambda value: None if isinstance(value, str) and " " in value else str(value)[:40],
+)
+def test_resume_refuses_a_run_state_that_is_not_sound_naming_the_field(
+    tiny_source, resumed_run, tmp_path, capsys, edit, message
+):
+    path = resumed_run / "checkpoints" / "step-00000002" / "run_state.json"
+    record = json.loads(path.read_text())
+    if edit is None:  # as earlier versions wrote it
+        text = json.dumps({name: record[name] for name in ("step", "batches", "tokens", "source_ppl", "history")})
+    else:
+        text = edit if isinstance(edit, str) else json.dumps({**record, **edit})
+    path.write_text(text)
+    error = refused_resume(tiny_source, resumed_run, tmp_path, capsys)
+    assert f"error: {path.parent}/" in error and message in error
+
+
+@pytest.mark.parametrize(
+    "overrides, changes",
+    [
+        (["training.batch_size=2"], "training.batch_size 4 -> 2"),
+        (["data.block_size=32"], "data.block_size 16 -> 32"),
+        (["training.trainable=full"], 'training.trainable "path" -> "full"'),
+        (["training.eval_lengths=[1]"], "training.eval_lengths [1, 2] -> [1]"),
+        (
+            [
+                "training.eval_lengths=[1]",
+                "model.convert.rope=keep",
+                "stages.0.learning_rate=1e-2",
+                "data.streaming=true",
+            ],
+            'model.convert.rope "drop" -> "keep", data.streaming false -> true, stages.0.learning_rate 0.001 -> 0.01, '
+            "training.eval_lengths [1, 2] -> [1]",
+        ),
+        (
+            ["stages=[{name: lm, tokens: 128, learning_rate: 1e-3}, {name: lm, tokens: 64, learning_rate: 1e-3}]"],
+            'stages.1.name (unset) -> "lm", stages.1.tokens (unset) -> 64',
+        ),
+    ],
+    ids=["batch_size", "block_size", "trainable", "eval_lengths", "four-fields", "a-stage-added"],
+)
+def test_resume_after_a_config_change_names_every_field_that_changed(
+    tiny_source, resumed_run, tmp_path, capsys, overrides, changes
+):
+    error = refused_resume(tiny_source, resumed_run, tmp_path, capsys, *overrides)
+    checkpoint = resumed_run / "checkpoints" / "step-00000002"
+    assert error.startswith(f"error: {checkpoint} was written with another config: {changes}")
+    assert "resume with the config it was written with" in error
+
+
+def test_resume_may_change_the_cadence_the_output_dir_and_the_last_stage_tokens(
+    tiny_source, finished_run, tmp_path, capsys
+):
+    moved = tmp_path / "moved"
+    shutil.copytree(finished_run, moved)
+    cadence = {
+        "resume": True,
+        "eval_every": 1,
+        "eval_batch_size": 2,
+        "log_every": 2,
+        "save_every": 3,
+        "keep_checkpoints": 5,
+        "target_ratio": 1e-3,
+        "activation_checkpointing": True,
+    }
+    longer = [{"name": "lm", "tokens": 256, "learning_rate": 1e-3}]  # 4 steps where it had 2
+    config = recipe_config(tiny_source, moved, stages=longer, training=cadence)
+    assert run_recipe(config, tmp_path) == 0
+    assert [entry["step"] for entry in read_log(moved) if "train/lr" in entry] == [1, 2, 4]
+    recovery = json.loads((moved / "recovery.json").read_text())
+    assert [entry["step"] for entry in recovery["history"]] == [0, 3, 4]  # step 2 saved before its evaluation
+    assert recovery["final"]["tokens"] == 256
+    checkpoint = moved / "checkpoints" / "step-00000004"
+    assert json.loads((checkpoint / "run_state.json").read_text())["config"]["stages"][0]["tokens"] == 256
+    capsys.readouterr()
+
+    config["stages"][0]["tokens"] = 64  # ends before the step reached
+    assert run_recipe(config, tmp_path) == 1
+    assert capsys.readouterr().err == (
+        f"error: stages.0.tokens 64 ends the run at step 1, before step 4, which {checkpoint} reached: give it at "
+        "least 256 (a resume may make the last stage longer or shorter, not end before the step reached)\n"
+    )
