@@ -4,7 +4,8 @@ new directory (`conversion.write`), optionally verified (`conversion.verify`).
 
 Everything goes to a staging directory beside the destination, renamed into place at the end (`conversion.staging`);
 a GGUF source is first materialised as a checkpoint beside it (`conversion.gguf`). Ctrl-C, SIGTERM or an error
-delete both: there is never a partial destination.
+delete both: there is never a partial destination. The destination's lock is held throughout: two conversions to it
+never run at once.
 """
 
 from __future__ import annotations
@@ -17,32 +18,37 @@ from path_hf.atomic import atomic_directory
 from .gguf import gguf_source
 from .options import ConvertOptions, format_size
 from .plan import ConversionPlan, plan_conversion
-from .staging import clear_stale_staging, staging_directory
+from .staging import check_destination, clear_stale_staging, destination_lock, staging_directory
 from .write import write_conversion
 
 
 def convert(options: ConvertOptions) -> ConversionPlan:
     """Run `path-hf convert`: plan, print the plan, and (unless `--dry-run`) write and optionally verify the
-    converted checkpoint, atomically. A GGUF source is materialised first, beside the destination, and removed at
-    the end whatever happens. Staging directories that killed conversions to the same destination left are removed
-    first (`clear_stale_staging`)."""
-    clear_stale_staging(Path(options.output).expanduser(), remove=not options.dry_run)
-    with gguf_source(options) as source:
-        plan = plan_conversion(options, source)
-        print(plan.describe(), flush=True)
-        if options.dry_run:
-            return plan
-        output = Path(options.output).expanduser().resolve()
-        staging, old = staging_directory(output, "tmp"), staging_directory(output, "old")
-        with atomic_directory(output, staging, old):
-            start = time.perf_counter()
-            write_conversion(plan, staging)
-            seconds = time.perf_counter() - start
-            if options.verify:
-                from .verify import verify_conversion  # builds models: imported only when asked for
+    converted checkpoint, atomically. The destination is checked first (`check_destination`), then locked until the
+    output is in place (`destination_lock`: a second conversion to it is refused meanwhile). Staging directories that
+    killed conversions to the same destination left are removed next (`clear_stale_staging`). A GGUF source is
+    materialised beside the destination, and removed at the end whatever happens."""
+    output = Path(options.output).expanduser().resolve()
+    local = Path(options.source).expanduser()
+    # Before anything is made beside it; the plan checks it again, against a hub source too.
+    check_destination(output, options.force, local.resolve() if local.exists() else None)
+    with destination_lock(output, create_parent=not options.dry_run):
+        clear_stale_staging(output, remove=not options.dry_run)
+        with gguf_source(options) as source:
+            plan = plan_conversion(options, source)
+            print(plan.describe(), flush=True)
+            if options.dry_run:
+                return plan
+            staging, old = staging_directory(output, "tmp"), staging_directory(output, "old")
+            with atomic_directory(output, staging, old):
+                start = time.perf_counter()
+                write_conversion(plan, staging)
+                seconds = time.perf_counter() - start
+                if options.verify:
+                    from .verify import verify_conversion  # builds models: imported only when asked for
 
-                verify_conversion(plan, staging)
-        print(f"wrote {output} ({format_size(plan.bytes_to_write)} in {seconds:.1f} s)", flush=True)
+                    verify_conversion(plan, staging)
+            print(f"wrote {output} ({format_size(plan.bytes_to_write)} in {seconds:.1f} s)", flush=True)
     return plan
 
 

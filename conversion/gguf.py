@@ -50,7 +50,7 @@ from .architectures import ARCHITECTURES
 from .io import SafetensorsWriter, SourceTensor, SourceWeights, TensorMeta
 from .options import ConvertOptions
 from .sources import GGUFCheckpoint, Source
-from .staging import check_destination, check_disk_space, staging_directory
+from .staging import check_destination, check_disk_space, destination_lock, staging_directory
 
 GGUF_SUFFIX = ".gguf"
 # GGUF architectures transformers reads (config and tensor names) whose models path-hf converts. llama.cpp stores
@@ -343,21 +343,21 @@ def gguf_source(options: ConvertOptions) -> Iterator[Source | None]:
         return
     if options.revision is not None:
         raise ConversionError(f"--revision applies to hub ids, but {path} is a local GGUF file.")
-    file = GGUFFile.read(path)
     output = Path(options.output).expanduser().resolve()
-    check_destination(output, path, options.force)
+    check_destination(output, options.force, path)
+    file = GGUFFile.read(path)
     dtype = getattr(torch, options.dtype) if options.dtype else DEFAULT_DTYPE
     weight_bytes = sum(math.prod(shape) for _, _, shape in file.tensors) * dtype.itemsize
-    # The materialised checkpoint, and an output of about its size (checked exactly once the conversion is planned).
-    check_disk_space(output, 2 * weight_bytes)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    directory = staging_directory(output, "gguf")
-    directory.mkdir()
-    try:
-        checkpoint = materialise(file, directory, dtype, weights=not options.dry_run)
-        yield Source(directory, gguf=checkpoint)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with destination_lock(output):  # held already when `convert` runs this
+        # The materialised checkpoint, and an output of about its size (checked exactly once the conversion is planned).
+        check_disk_space(output, 2 * weight_bytes)
+        directory = staging_directory(output, "gguf")
+        directory.mkdir()
+        try:
+            checkpoint = materialise(file, directory, dtype, weights=not options.dry_run)
+            yield Source(directory, gguf=checkpoint)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 __all__ = [

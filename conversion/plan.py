@@ -209,7 +209,7 @@ def plan_conversion(options: ConvertOptions, source: Source | None = None) -> Co
     """
     output = Path(options.output).expanduser()
     source = source or resolve_source(options.source, options.revision)
-    check_destination(output, source.path, options.force)
+    check_destination(output, options.force, source.path)
     architecture, source_config = read_source_config(source, options)
     fetch_weights(source)
     weights = source.gguf.weights if source.gguf else SourceWeights.from_directory(source.path)

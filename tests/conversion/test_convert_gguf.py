@@ -278,10 +278,10 @@ def test_existing_destination_is_refused_before_dequantising(tmp_path, capsys, m
     source = write_gguf(tmp_path / "model.gguf", tiny_model(), "llama", "F32", tokenizer=False)
     output = tmp_path / "converted"
     output.mkdir()
-    (output / "keep.txt").write_text("mine")
+    (output / "config.json").write_text('{"model_type": "llama"}')
     monkeypatch.setattr("path_hf.conversion.gguf.materialise", lambda *args, **kwargs: pytest.fail("materialised"))
     code, _, err = run_cli(capsys, "convert", "--from", source, "--to", output)
-    assert code == 1 and "exists and is not empty; pass --force" in err
+    assert code == 1 and "exists and holds a model; pass --force" in err
     assert sorted(path.name for path in tmp_path.iterdir()) == ["converted", "model.gguf"]
 
 

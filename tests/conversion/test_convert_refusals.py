@@ -2,15 +2,20 @@
 
 import json
 from collections import namedtuple
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file, save_file
 from transformers import GPT2Config, MistralConfig, MixtralConfig, Qwen2Config
 
 import path_hf.conversion.convert
+import path_hf.conversion.gguf
 import path_hf.conversion.staging
 from path_hf.conversion.io import SafetensorsWriter
+from path_hf.conversion.staging import check_destination
+from path_hf.errors import ConversionError
 from tests.conversion.checkpoints import TINY, make_source, run_cli
+from tests.conversion.gguf_files import tiny_model, write_gguf
 
 
 def save_config(directory, config) -> None:
@@ -147,18 +152,114 @@ def test_not_enough_disk_space(tmp_path, capsys, monkeypatch):
     assert "the output needs 528.82 KB (+ 164.12 KB margin), 600.00 KB is free." in err
 
 
-def test_existing_destination_needs_force(tmp_path, capsys):
+def test_existing_model_needs_force(tmp_path, capsys):
     source = make_source(tmp_path / "source", "llama")
     output = tmp_path / "converted"
-    output.mkdir()
-    (output / "keep.txt").write_text("mine")
+    assert run_cli(capsys, "convert", "--from", source, "--to", output, "--seed", "1")[0] == 0
+    (output / ".cache" / "huggingface").mkdir(parents=True)  # what `hf download --local-dir` leaves in a model
+    before = (output / "model.safetensors").read_bytes()
     code, _, err = run_cli(capsys, "convert", "--from", source, "--to", output)
-    assert code == 1 and "exists and is not empty; pass --force" in err
-    assert [path.name for path in output.iterdir()] == ["keep.txt"]
+    assert code == 1 and err == f"error: {output} exists and holds a model; pass --force to replace it.\n"
+    assert (output / "model.safetensors").read_bytes() == before
 
     assert run_cli(capsys, "convert", "--from", source, "--to", output, "--force")[0] == 0
-    assert not (output / "keep.txt").exists() and (output / "model.safetensors").is_file()
+    assert (output / "model.safetensors").read_bytes() != before and not (output / ".cache").exists()
     assert sorted(path.name for path in tmp_path.iterdir()) == ["converted", "source"]
+
+
+def user_folder(directory):
+    """A folder of someone's own work: a file and a subfolder."""
+    (directory / "notes").mkdir(parents=True)
+    (directory / "thesis.tex").write_text("my thesis")
+    (directory / "notes" / "todo.txt").write_text("finish")
+    return directory
+
+
+def assert_intact(directory):
+    assert sorted(path.name for path in directory.iterdir()) == ["notes", "thesis.tex"]
+    assert (directory / "thesis.tex").read_text() == "my thesis" and (directory / "notes" / "todo.txt").is_file()
+
+
+@pytest.mark.parametrize("flags", [(), ("--force",), ("--force", "--dry-run")])
+def test_force_replaces_only_a_model_or_an_empty_folder(flags, tmp_path, capsys):
+    source = make_source(tmp_path / "source", "llama")
+    work = user_folder(tmp_path / "work")
+    code, out, err = run_cli(capsys, "convert", "--from", source, "--to", work, *flags)
+    assert code == 1 and out == ""
+    assert err == (
+        f"error: the destination {work} is not a model folder (no config.json or weights; it holds notes/, "
+        "thesis.tex): --force replaces only a model folder or an empty one; choose a new or empty folder.\n"
+    )
+    assert_intact(work)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["source", "work"]  # no lock or staging left
+
+    # A folder that looks like a model but holds a folder of someone's: path-hf never writes one.
+    (work / "config.json").write_text('{"model_type": "llama"}')
+    code, _, err = run_cli(capsys, "convert", "--from", source, "--to", work, *flags)
+    assert code == 1 and "(it holds folders that are not a model's: notes/)" in err, err
+    assert (work / "config.json").is_file()
+    (work / "config.json").unlink()
+    assert_intact(work)
+
+    (tmp_path / "empty").mkdir()
+    assert run_cli(capsys, "convert", "--from", source, "--to", tmp_path / "empty", *flags)[0] == 0
+
+
+def test_the_current_directory_is_never_replaced(tmp_path, capsys, monkeypatch):
+    """`cd ~/work && path-hf convert --from SRC --to . --force`: refused, even once the folder holds a model."""
+    source = make_source(tmp_path / "source", "llama")
+    work = user_folder(tmp_path / "work")
+    monkeypatch.chdir(work)
+    code, _, err = run_cli(capsys, "convert", "--from", source, "--to", ".", "--force")
+    assert code == 1
+    assert err == (
+        f"error: the destination {work} is the current directory, which a conversion would replace whole; write the "
+        f"model to a new folder, e.g. --to {work / 'model-path'}.\n"
+    )
+    assert_intact(work)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["source", "work"]
+    monkeypatch.chdir(work / "notes")
+    (work / "config.json").write_text('{"model_type": "llama"}')
+    code, _, err = run_cli(capsys, "convert", "--from", source, "--to", "..", "--force", "--dry-run")
+    assert code == 1 and f"is a folder that holds the current directory ({work / 'notes'})" in err
+    assert (work / "config.json").is_file() and (work / "notes" / "todo.txt").is_file()
+
+
+def test_the_home_directory_and_root_are_never_replaced(tmp_path, capsys, monkeypatch):
+    source = make_source(tmp_path / "source", "llama")
+    home = tmp_path / "home"
+    assert run_cli(capsys, "convert", "--from", source, "--to", home)[0] == 0  # a model, even
+    monkeypatch.setenv("HOME", str(home))
+    code, _, err = run_cli(capsys, "convert", "--from", source, "--to", "~", "--force")
+    assert code == 1 and f"error: the destination {home} is your home directory, which a conversion" in err, err
+    assert (home / "model.safetensors").is_file()
+    # Checked alone: a test must not hand `/` to a conversion.
+    with pytest.raises(ConversionError, match=r"the destination / is a folder that holds the current directory"):
+        check_destination(Path("/"), force=True)
+
+
+@pytest.mark.parametrize("flags", [(), ("--force",)])
+def test_a_file_is_not_a_destination(flags, tmp_path, capsys):
+    source = make_source(tmp_path / "source", "llama")
+    output = tmp_path / "model.safetensors"
+    output.write_bytes(b"mine")
+    code, _, err = run_cli(capsys, "convert", "--from", source, "--to", output, *flags)
+    assert code == 1
+    assert err == f"error: the destination {output} is a file, not a model folder; choose a new or empty folder.\n"
+    assert output.read_bytes() == b"mine"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model.safetensors", "source"]
+
+
+def test_a_destination_is_checked_before_a_gguf_is_read(tmp_path, capsys, monkeypatch):
+    def read(*args):
+        raise AssertionError("the GGUF was read before the destination was checked")
+
+    monkeypatch.setattr(path_hf.conversion.gguf.GGUFFile, "read", read)
+    source = write_gguf(tmp_path / "model.gguf", tiny_model(), "llama", "F32", tokenizer=False)
+    work = user_folder(tmp_path / "work")
+    code, _, err = run_cli(capsys, "convert", "--from", source, "--to", work, "--force")
+    assert code == 1 and "is not a model folder" in err, err
+    assert_intact(work)
 
 
 def test_layers_out_of_range(tmp_path, capsys):
