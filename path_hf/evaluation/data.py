@@ -5,13 +5,17 @@ ids, each document with the tokenizer's special tokens and followed by EOS."""
 from __future__ import annotations
 
 import bz2
+import contextlib
 import gzip
+import json
+import logging
 import lzma
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 COMPRESSED_SUFFIXES = (".gz", ".xz", ".bz2", ".zst")
 _BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_KINDS = {"text": "text", "json": "JSON", "parquet": "parquet"}
 _DECOMPRESSORS = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
 
 
@@ -81,28 +85,119 @@ def load_texts(files: Sequence[str | Path], text_field: str = "text", streaming:
     """The documents of local `files` (see `data_files`) as a `datasets` dataset (an `IterableDataset` if
     `streaming`) with the one column `text_field`, empty documents left out, in file order. Each file is read on its
     own, so files whose records carry different other fields mix; files holding only whitespace add nothing. Raises
-    `ValueError` naming a file without the column."""
-    from datasets import Dataset, Features, Value, concatenate_datasets, load_dataset
+    `ValueError` naming a file that cannot be read and what is wrong with it (`_read_file`), and one whose column
+    `text_field` is missing or does not hold text."""
+    from datasets import Dataset, Features, Value, concatenate_datasets
 
     builder, kwargs = data_files(files)
     parts = []
     for file in kwargs.pop("data_files"):
         if _blank(file, builder):
             continue
-        dataset = load_dataset(builder, data_files=[file], split="train", streaming=streaming, **kwargs)
-        parts.append(text_documents(dataset, text_field, file))
+        parts.append(text_documents(_read_file(file, builder, streaming, **kwargs), text_field, file))
     if not parts:
         empty = Dataset.from_dict({text_field: []}, features=Features({text_field: Value("string")}))
         return empty.to_iterable_dataset() if streaming else empty
     return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
 
 
+def _read_file(file: str, builder: str, streaming: bool = False, **kwargs):
+    """`datasets.load_dataset(builder, data_files=[file])`, its train split. A file it cannot read (binary, not
+    UTF-8, broken JSON, not parquet, damaged compression) raises `ValueError` naming the file and what is wrong with
+    it, where `datasets` says "An error occurred while generating the dataset". Streamed, its first records are read
+    here, so that such a file is refused now rather than at the first step of a training run (a fault further in
+    still shows only there)."""
+    from datasets import load_dataset
+
+    try:
+        with _quiet_loaders():
+            dataset = load_dataset(builder, data_files=[file], split="train", streaming=streaming, **kwargs)
+            if streaming:
+                next(iter(dataset), None)
+    except Exception as error:  # anything from pyarrow, pandas, fsspec, the decompressors or `datasets` itself
+        cause = _fault(file, builder) or _first_cause(error)
+        raise ValueError(f"cannot read {file} as {_KINDS[builder]}: {cause}") from error
+    return dataset
+
+
+@contextlib.contextmanager
+def _quiet_loaders() -> Iterator[None]:
+    """Silences the messages `datasets`' file loaders log before they raise: `_read_file`'s error says it once."""
+    logger = logging.getLogger("datasets.packaged_modules")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _first_cause(error: BaseException) -> str:
+    """The first line of the first error in `error`'s chain that is not `datasets`' wrapper of another."""
+    from datasets.exceptions import DatasetGenerationError
+
+    while isinstance(error, DatasetGenerationError) and (error.__cause__ or error.__context__) is not None:
+        error = error.__cause__ or error.__context__
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number"}
+
+
+def _fault(file: str, builder: str) -> str | None:
+    """What is wrong with the text or JSON `file` that `datasets` failed to read: the first line that is not UTF-8,
+    not JSON or not a JSON object (JSON lines), a JSON document that does not parse, or a compression that does not
+    decompress. None when nothing is found, and for parquet and zstandard (not in the standard library) files."""
+    suffix = Path(file).suffix
+    if builder == "parquet" or (suffix in COMPRESSED_SUFFIXES and suffix not in _DECOMPRESSORS):
+        return None
+    document: list[str] | None = None  # the text, once the first record is not JSON on its own: one JSON document
+    records = 0
+    try:
+        with _DECOMPRESSORS.get(suffix, open)(file, "rb") as stream:
+            for number, line in enumerate(stream, 1):
+                try:
+                    text = line.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    return (
+                        f"line {number} is not UTF-8 text (byte {line[error.start]:#04x} at column {error.start + 1})"
+                    )
+                if document is not None:
+                    document.append(text)
+                if builder != "json" or document is not None or not text.strip():
+                    continue
+                try:
+                    record = json.loads(text.rstrip("\r\n"))
+                except json.JSONDecodeError as error:
+                    if records:
+                        return f"line {number} is not JSON (column {error.colno}: {error.msg})"
+                    document = ["\n"] * (number - 1) + [text]
+                    continue
+                records += 1
+                if not isinstance(record, dict) and not (records == 1 and isinstance(record, list)):
+                    kind = _JSON_TYPES.get(type(record), "literal")
+                    return f"line {number} is a JSON {kind}, not an object (JSON lines hold one record a line)"
+    except (OSError, EOFError, lzma.LZMAError) as error:
+        return f"it does not decompress as {suffix} ({error})"
+    if document is not None:
+        try:
+            json.loads("".join(document))
+        except json.JSONDecodeError as error:
+            return f"it is not JSON (line {error.lineno}, column {error.colno}: {error.msg})"
+    return None
+
+
 def text_documents(dataset, text_field: str, source: str):
     """The non-empty documents of a `datasets` dataset (or `IterableDataset`), as its one column `text_field`. Raises
-    `ValueError` naming `source` when it has no such column."""
+    `ValueError` naming `source` when it has no such column, or one of values that are not text (as far as the
+    dataset declares its columns: a streamed one may not)."""
     columns = dataset.column_names
     if columns is not None and text_field not in columns:
         raise ValueError(f"{source} has no column {text_field!r} (columns: {columns}): set the text field")
+    feature = (dataset.features or {}).get(text_field)
+    kind = getattr(feature, "dtype", type(feature).__name__)
+    if feature is not None and kind not in ("string", "large_string"):
+        raise ValueError(f"{source}: column {text_field!r} holds {kind} values, not text: set the text field")
     return dataset.select_columns([text_field]).filter(lambda row: bool(row[text_field] and row[text_field].strip()))
 
 
