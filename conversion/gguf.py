@@ -49,7 +49,7 @@ from path_hf.errors import ConversionError
 from .architectures import ARCHITECTURES
 from .io import SafetensorsWriter, SourceTensor, SourceWeights, TensorMeta
 from .options import ConvertOptions
-from .sources import GGUFCheckpoint, Source
+from .sources import GGUFCheckpoint, Source, follow_links, links_outside
 from .staging import check_destination, check_disk_space, destination_lock, staging_directory
 
 GGUF_SUFFIX = ".gguf"
@@ -66,8 +66,15 @@ DEFAULT_DTYPE = torch.float32
 
 
 def find_gguf(source: str, gguf_file: str | None = None) -> Path | None:
-    """The GGUF file that `--from SRC [--gguf-file NAME]` names, or None when SRC is a checkpoint directory or a hub
-    id. SRC is a `.gguf` file, or a directory holding `NAME` (or, without `config.json`, holding one GGUF file)."""
+    """The GGUF file that `--from SRC [--gguf-file NAME]` names (resolved), or None when SRC is a checkpoint directory
+    or a hub id. SRC is a `.gguf` file, or a directory holding `NAME` (or, without `config.json`, holding one GGUF
+    file)."""
+    found = _named_gguf(source, gguf_file)
+    return None if found is None else found.resolve()
+
+
+def _named_gguf(source: str, gguf_file: str | None) -> Path | None:
+    """`find_gguf`, as named in SRC: a link in the directory SRC is not followed."""
     path = Path(source).expanduser()
     require_local_or_hub_id(source)
     if gguf_file is not None:
@@ -80,9 +87,9 @@ def find_gguf(source: str, gguf_file: str | None = None) -> Path | None:
             found = _gguf_files(path)
             holds = f"it holds {', '.join(found)}" if found else "it holds no GGUF file"
             raise ConversionError(f"--gguf-file {gguf_file}: no such file in {path} ({holds}).")
-        return (path / gguf_file).resolve()
+        return path / gguf_file
     if path.is_file() and path.suffix.lower() == GGUF_SUFFIX:
-        return path.resolve()
+        return path
     if path.is_dir() and not (path / CONFIG_NAME).is_file():
         found = _gguf_files(path)
         if len(found) > 1:
@@ -91,7 +98,7 @@ def find_gguf(source: str, gguf_file: str | None = None) -> Path | None:
                 "pass the file's own path)."
             )
         if found:
-            return (path / found[0]).resolve()
+            return path / found[0]
     return None
 
 
@@ -337,14 +344,19 @@ def gguf_source(options: ConvertOptions) -> Iterator[Source | None]:
     """The source of a conversion whose `--from` (and `--gguf-file`) name a GGUF: the file checked, then materialised
     in a temporary directory beside the destination (only planned with `--dry-run`), which is removed on exit
     whatever happens. None when the source is a checkpoint directory or a hub id."""
-    path = find_gguf(options.source, options.gguf_file)
-    if path is None:
+    named = _named_gguf(options.source, options.gguf_file)
+    if named is None:
         yield None
         return
+    path = named.resolve()
     if options.revision is not None:
         raise ConversionError(f"--revision applies to hub ids, but {path} is a local GGUF file.")
     output = Path(options.output).expanduser().resolve()
     check_destination(output, options.force, path)
+    if (directory := Path(options.source).expanduser()).is_dir():  # a file SRC itself is followed: the user named it
+        directory = directory.resolve()
+        links = links_outside(directory, [directory / named.relative_to(Path(options.source).expanduser())])
+        follow_links(directory, links, options.follow_symlinks)
     file = GGUFFile.read(path)
     dtype = getattr(torch, options.dtype) if options.dtype else DEFAULT_DTYPE
     weight_bytes = sum(math.prod(shape) for _, _, shape in file.tensors) * dtype.itemsize

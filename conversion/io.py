@@ -133,18 +133,8 @@ class SourceWeights:
 
         Raises `ConversionError` for missing shards, unreadable files, and an index that disagrees with them.
         """
-        for index_name, single_name in (
-            (SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME),
-            (WEIGHTS_INDEX_NAME, WEIGHTS_NAME),
-        ):
-            if (directory / index_name).is_file():
-                shard_names, weight_map = read_index(directory / index_name)
-                files = tuple(directory / name for name in shard_names)
-                break
-            if (directory / single_name).is_file():
-                weight_map, files = None, (directory / single_name,)
-                break
-        else:
+        files, weight_map = find_weight_files(directory)
+        if not files:
             raise ConversionError(
                 f"no weights in {directory}: expected {SAFE_WEIGHTS_NAME}, {SAFE_WEIGHTS_INDEX_NAME}, {WEIGHTS_NAME} "
                 f"or {WEIGHTS_INDEX_NAME}."
@@ -173,6 +163,18 @@ class SourceWeights:
             duplicate = next(name for name in names if names.count(name) > 1)
             raise ConversionError(f"tensor {duplicate!r} is stored in more than one shard.")
         return cls(fmt, files, tuple(tensors))
+
+
+def find_weight_files(directory: Path) -> tuple[tuple[Path, ...], dict[str, str] | None]:
+    """The weight files of a checkpoint directory, sharded or single-file, safetensors preferred over `.bin` (none if
+    it has none), and the weight map of their index (None for a single file)."""
+    for index_name, single_name in ((SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME), (WEIGHTS_INDEX_NAME, WEIGHTS_NAME)):
+        if (directory / index_name).is_file():
+            shard_names, weight_map = read_index(directory / index_name)
+            return tuple(directory / name for name in shard_names), weight_map
+        if (directory / single_name).is_file():
+            return (directory / single_name,), None
+    return (), None
 
 
 def read_index(path: Path) -> tuple[list[str], dict[str, str]]:
@@ -446,6 +448,7 @@ __all__ = [
     "SourceWeights",
     "TensorMeta",
     "count_nonfinite",
+    "find_weight_files",
     "load_pytorch_file",
     "read_index",
     "read_pytorch_header",

@@ -20,9 +20,9 @@ VERIFY_TOLERANCE = 1e-6
 _DEFAULT_SHARD_SIZE = "5GB"
 # Options of running the command rather than of the checkpoint it writes: a recipe's `model.convert` cannot set them.
 RUN_OPTIONS = ("source", "output", "dry_run", "verify", "force", "debug")
-# Options left out of the conversion record (`config.path_conversion`): those, and where the source comes from, which
-# is recorded on its own.
-UNRECORDED_OPTIONS = (*RUN_OPTIONS, "revision", "gguf_file")
+# Options left out of the conversion record (`config.path_conversion`): those, and where the source comes from and how
+# it is read, which is recorded on its own.
+UNRECORDED_OPTIONS = (*RUN_OPTIONS, "revision", "gguf_file", "follow_symlinks")
 
 
 def parse_layers(spec: str) -> tuple[int, ...]:
@@ -158,6 +158,13 @@ class ConvertOptions:
         metadata={
             "help": "convert weights that hold NaN or Inf (or become Inf when cast to --dtype) as they are, naming "
             "them in a warning; by default the first such tensor stops the conversion"
+        },
+    )
+    follow_symlinks: bool = field(
+        default=False,
+        metadata={
+            "help": "read and copy files of SRC that are links to files outside it (named in the output); by default "
+            "such links are refused. A hub snapshot's links into its cache are always followed"
         },
     )
     dry_run: bool = field(

@@ -2,9 +2,10 @@
 """Plan a conversion from the source's config and shard headers alone: no tensor data is read.
 
 `plan_conversion` runs the steps in order, each refusing with a `ConversionError` what it cannot take: the destination,
-the source's config (architecture, attention, `--layers`), the converted config, every source tensor's name and shape
-against the converted model's layout, the output's tensors in the order they will be written and cut into shards,
-the other files to carry over, and the free disk space.
+links out of the source folder (without `--follow-symlinks`), the source's config (architecture, attention,
+`--layers`), the converted config, every source tensor's name and shape against the converted model's layout, the
+output's tensors in the order they will be written and cut into shards, the other files to carry over, and the free
+disk space.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from .architectures import (
     converted_layout,
     path_config_from,
 )
-from .io import SourceTensor, SourceWeights, TensorMeta, split_into_shards
+from .io import SourceTensor, SourceWeights, TensorMeta, find_weight_files, split_into_shards
 from .options import UNRECORDED_OPTIONS, ConvertOptions, format_layers, format_size
-from .sources import WEIGHT_SUFFIXES, Source, fetch_weights, resolve_source
+from .sources import WEIGHT_SUFFIXES, Source, fetch_weights, follow_links, links_outside, resolve_source
 from .staging import check_destination, check_disk_space
 
 # Top-level files of a source that are not carried over as they are: what the converter writes itself.
@@ -201,6 +202,21 @@ def extra_files(directory: Path) -> tuple[Path, ...]:
     )
 
 
+def check_source_links(source: Source, follow: bool) -> None:
+    """Refuse the files a conversion reads from the source directory (config, generation config, shard index, weights,
+    the files carried over) that lie outside it through a link, unless `follow` (`sources.follow_links`). The links
+    of a hub snapshot lead into its cache repository's blobs, which is fine. A shard index is read for the shards it
+    names only if it passed, or with `follow`."""
+    directory = source.path.resolve()
+    named = [
+        directory / name for name in (CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME)
+    ]
+    links = links_outside(directory, [*named, *extra_files(directory)])
+    if follow or not links:
+        links += links_outside(directory, find_weight_files(directory)[0])
+    follow_links(directory, links, follow)
+
+
 def plan_conversion(options: ConvertOptions, source: Source | None = None) -> ConversionPlan:
     """Check the source and the options, and lay out the output; reads configs and shard headers, no tensor data.
     `source`: the source already resolved (a GGUF materialised by `conversion.gguf.gguf_source`).
@@ -210,6 +226,7 @@ def plan_conversion(options: ConvertOptions, source: Source | None = None) -> Co
     output = Path(options.output).expanduser()
     source = source or resolve_source(options.source, options.revision)
     check_destination(output, options.force, source.path)
+    check_source_links(source, options.follow_symlinks)
     architecture, source_config = read_source_config(source, options)
     fetch_weights(source)
     weights = source.gguf.weights if source.gguf else SourceWeights.from_directory(source.path)
@@ -241,6 +258,7 @@ def plan_conversion(options: ConvertOptions, source: Source | None = None) -> Co
 __all__ = [
     "ConversionPlan",
     "OutputTensor",
+    "check_source_links",
     "converted_config",
     "extra_files",
     "output_tensors",

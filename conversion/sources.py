@@ -9,6 +9,7 @@ files already cached.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +59,42 @@ class Source:
         return self.repo_id or str(self.gguf.file if self.gguf else self.path)
 
 
+def link_roots(directory: Path) -> tuple[Path, ...]:
+    """Where the files of the source `directory` (resolved) may lie when reached through a link without
+    `--follow-symlinks`: in it and, for a snapshot in the Hugging Face cache (`models--ORG--NAME/snapshots/COMMIT`,
+    made of links into `../../blobs`), in its repository's `blobs`."""
+    repo = directory.parents[1] if len(directory.parents) > 1 else directory
+    if directory.parent.name == "snapshots" and repo.name.startswith("models--"):
+        return directory, (repo / "blobs").resolve()
+    return (directory,)
+
+
+def links_outside(directory: Path, paths: Iterable[Path]) -> list[tuple[Path, Path]]:
+    """`(path, what it resolves to)` for each of `paths`, files of the source `directory` (resolved), that resolves
+    outside `link_roots(directory)`: through a link, or a `..` in a name an index gives."""
+    roots = link_roots(directory)
+    found = []
+    for path in dict.fromkeys(paths):
+        target = path.resolve()
+        if not any(target.is_relative_to(root) for root in roots):
+            found.append((path, target))
+    return found
+
+
+def follow_links(directory: Path, links: Sequence[tuple[Path, Path]], follow: bool) -> None:
+    """Refuse the `links` out of the source `directory` (`links_outside`), naming each and its target, unless
+    `follow` (`--follow-symlinks`): then name them in a line, since what they point to goes into the output."""
+    if not links:
+        return
+    named = ", ".join(f"{path.relative_to(directory)} -> {target}" for path, target in links)
+    if not follow:
+        raise ConversionError(
+            f"{directory} has links to files outside it, which the conversion would read and copy into the output: "
+            f"{named}; remove them, or pass --follow-symlinks to copy what they point to."
+        )
+    print(f"following links out of {directory} (--follow-symlinks): {named}", flush=True)
+
+
 def _download(repo_id: str, revision: str | None, **patterns) -> Path:
     try:
         return Path(snapshot_download(repo_id, revision=revision, **patterns))
@@ -98,4 +135,13 @@ def fetch_weights(source: Source) -> None:
             return
 
 
-__all__ = ["WEIGHT_SUFFIXES", "GGUFCheckpoint", "Source", "fetch_weights", "resolve_source"]
+__all__ = [
+    "WEIGHT_SUFFIXES",
+    "GGUFCheckpoint",
+    "Source",
+    "fetch_weights",
+    "follow_links",
+    "link_roots",
+    "links_outside",
+    "resolve_source",
+]
