@@ -179,7 +179,13 @@ class ConvertOptions:
             f"std(source logits) must be at most {VERIFY_TOLERANCE:g}; prints both perplexities"
         },
     )
-    force: bool = field(default=False, metadata={"help": "replace DST if it exists and is not empty"})
+    force: bool = field(
+        default=False,
+        metadata={
+            "help": "replace DST if it holds a model (a config.json or weights); a folder that is not a model's, the "
+            "current or home directory and a file are never replaced"
+        },
+    )
     debug: bool = field(default=False, metadata={"help": "print the traceback of an error"})
 
     def __post_init__(self):
