@@ -18,7 +18,9 @@ PATH is taken whole when it exists ('@' and all); ROPE may be in any case. `--to
 
 Refused before scoring, on one line: a model that is not a causal decoder (an encoder-decoder config, or logits that
 change with later tokens: `path_hf.evaluation.attends_causally`), a checkpoint directory without tokenizer files, a
-tokenizer without a vocabulary, and one that writes more than `MAX_UNKNOWN_SHARE` unknown tokens on the data.
+tokenizer without a vocabulary, one that writes more than `MAX_UNKNOWN_SHARE` unknown tokens on the data, and one that
+does not belong to the model (`prepare_tokens`). Before any model is loaded: a number out of its range, data that
+cannot be read, and an `--output` or `--plot` that could not be written at the end.
 
 The metrics are `path_hf.evaluation`'s, the same functions the recipes track recovery with.
 """
@@ -29,14 +31,19 @@ import contextlib
 import gc
 import json
 import math
+import os
+import shutil
 import sys
+import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from path_hf.evaluation import ROPE_SCALING_TYPES
 
 from ..arguments import DTYPES
+from ..arguments import flag as option_flag
 from ..atomic import atomic_file
 from ..errors import ConversionError, EvaluationError
 
@@ -172,33 +179,87 @@ class EvalOptions:
     debug: bool = field(default=False, repr=False, metadata={"help": "print the traceback of an error"})
 
     def check(self) -> None:
-        """Refuse what cannot run before any model is loaded."""
+        """Refuse what cannot run before any model is loaded: labels, every number out of its range, and outputs
+        that could not be written at the end."""
         labels = [spec.label for spec in self.models]
         if duplicated := sorted({label for label in labels if labels.count(label) > 1}):
             raise EvaluationError(f"two --model share the label {duplicated[0]!r}: name them with LABEL=PATH")
-        if self.stride is not None and not 1 <= self.stride <= self.lengths[0]:
+        if not self.lengths or min(self.lengths) < 2:
+            raise EvaluationError(f"--lengths {self.lengths}: give one or more context lengths of at least 2 tokens")
+        for option in fields(self):
+            minimum, meaning = _MINIMUMS.get(option.name, (None, ""))
+            value = getattr(self, option.name)
+            if minimum is not None and value is not None and value < minimum:
+                raise EvaluationError(f"{option_flag(option)} must be at least {minimum} ({meaning}), got {value}")
+        if self.stride is not None and self.stride > self.lengths[0]:
             raise EvaluationError(
                 f"--stride {self.stride} must be between 1 and the shortest length ({self.lengths[0]}): each "
                 "window slides by that many tokens"
             )
-        for name in ("max_tokens", "batch_size"):
-            if getattr(self, name) < 1:
-                raise EvaluationError(f"--{name.replace('_', '-')} must be a positive integer")
-        if self.passkey_trials < 0:
-            raise EvaluationError("--passkey-trials must be 0 (no passkey test) or more")
         if self.max_tokens < self.lengths[-1]:
             raise EvaluationError(
                 f"--max-tokens {self.max_tokens} is below the longest length {self.lengths[-1]}: no window would fit"
             )
-        for path, flag in ((self.output, "--output"), (self.plot, "--plot")):
-            if path and Path(path).exists() and not self.force:
+        self._check_outputs()
+
+    def _check_outputs(self) -> None:
+        """`--output` and `--plot` must be files that can be written where they are named (a directory that exists
+        and takes new files), not directories, not each other, not existing files without `--force`; the plot in a
+        format matplotlib writes."""
+        outputs = [(flag, path) for flag, path in (("--output", self.output), ("--plot", self.plot)) if path]
+        if len(outputs) == 2 and Path(self.output).resolve() == Path(self.plot).resolve():
+            raise EvaluationError(f"--output and --plot are the same file, {self.output}: give two paths")
+        for flag, path in outputs:
+            target = Path(path)
+            if target.is_dir():
+                raise EvaluationError(f"{flag} {path} is a directory: give a file path")
+            if target.exists() and not self.force:
                 raise EvaluationError(f"{flag} {path} exists: pass --force to replace it, or choose another path")
-            if path and not Path(path).resolve().parent.is_dir():
-                raise EvaluationError(f"{flag} {path}: its directory does not exist")
+            directory = target.resolve().parent
+            if not directory.is_dir():
+                raise EvaluationError(f"{flag} {path}: its directory does not exist: create it or choose another path")
+            try:  # what atomic_file does at the end: a new file in that directory
+                handle, probe = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.")
+            except OSError as error:
+                raise EvaluationError(
+                    f"{flag} {path}: cannot write in {directory} ({error.strerror}): choose another path"
+                ) from error
+            os.close(handle)
+            os.unlink(probe)
+        if self.plot:
+            _check_plot_format(self.plot)
+
+
+# The smallest value of each numeric option (those with a range beyond it are checked in `EvalOptions.check`).
+_MINIMUMS = {
+    "max_tokens": (1, "tokens of --data to evaluate on"),
+    "stride": (1, "tokens a sliding window moves by"),
+    "batch_size": (1, "windows per forward pass"),
+    "passkey_trials": (0, "0 skips the passkey test"),
+    "seed": (0, "the seed of the passkey prompts"),
+    "train_length": (1, "the models' training context, in tokens"),
+}
+
+
+def _check_plot_format(plot: str) -> None:
+    """Refuse a `--plot` whose suffix is not a format matplotlib writes here (pgf needs its TeX program)."""
+    import matplotlib
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = Path(plot).suffix.lower().lstrip(".")
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    if suffix not in formats:
+        problem = f"matplotlib cannot write .{suffix} files" if suffix else "no suffix names the format"
+        raise EvaluationError(
+            f"--plot {plot}: {problem}: end the name with one of {', '.join('.' + name for name in formats)}"
+        )
+    texsystem = matplotlib.rcParams["pgf.texsystem"]
+    if suffix == "pgf" and shutil.which(texsystem) is None:
+        raise EvaluationError(f"--plot {plot}: matplotlib writes .pgf with {texsystem}, which is not installed")
 
 
 def _train_length(config, given: int | None) -> int | None:
-    if given:
+    if given is not None:
         return given
     rope = getattr(config, "rope_parameters", None) or {}
     return rope.get("original_max_position_embeddings") or getattr(config, "max_position_embeddings", None)
@@ -244,9 +305,14 @@ def _tokenizer_source(spec: ModelSpec, options: EvalOptions) -> tuple[str, str]:
     return ("--tokenizer", options.tokenizer) if options.tokenizer else ("--model", spec.path)
 
 
-def check_model(spec: ModelSpec, options: EvalOptions) -> None:
-    """Refuse, before any weights are loaded, a `--model` whose config is an encoder-decoder, and a local checkpoint
-    directory without tokenizer files (a GGUF carries its own tokenizer)."""
+def _has_tokenizer_files(directory: Path) -> bool:
+    return any((directory / name).is_file() for name in TOKENIZER_FILES) or any(directory.glob("*.tiktoken"))
+
+
+def check_model(spec: ModelSpec, options: EvalOptions):
+    """Refuse, before any weights are loaded, a `--model` whose config is an encoder-decoder, a RoPE scaling without
+    a training length, and a local checkpoint directory without tokenizer files (a GGUF carries its own tokenizer).
+    Returns the model's config."""
     from ..conversion.gguf import find_gguf
     from ..conversion.loading import load_config
 
@@ -256,29 +322,40 @@ def check_model(spec: ModelSpec, options: EvalOptions) -> None:
         raise EvaluationError(
             f"--model {spec.path} is an encoder-decoder model ({type(config).__name__}): not a causal decoder"
         )
+    if spec.rope_scaling and not _train_length(config, options.train_length):
+        raise EvaluationError(f"--model {spec.label}: RoPE scaling needs the training length: pass --train-length")
     flag, source = _tokenizer_source(spec, options)
     directory = Path(source).expanduser()
     if not directory.is_dir():
-        return  # a hub id or a file (a GGUF carries its own tokenizer)
+        return config  # a hub id or a file (a GGUF carries its own tokenizer)
     with _loading(flag, source):
         gguf = find_gguf(source)
-    saved = any((directory / name).is_file() for name in TOKENIZER_FILES) or any(directory.glob("*.tiktoken"))
-    if gguf is None and not saved:
+    if gguf is None and not _has_tokenizer_files(directory):
         advice = "pass --tokenizer PATH_OR_ID" if flag == "--model" else "give the model's own tokenizer"
         raise EvaluationError(
             f"{flag} {source}: the directory holds no tokenizer files ({', '.join(TOKENIZER_FILES)}, *.tiktoken): "
             f"{advice}"
         )
+    return config
 
 
-def _tokens(spec: ModelSpec, options: EvalOptions, texts: list[str]):
-    """The tokenizer `spec` is evaluated with, and the first `--max-tokens` tokens of the data in it; refuses a
-    tokenizer without a vocabulary, one that does not fit the text, and too little text for the longest length."""
-    from path_hf.evaluation import tokenize_stream
+@dataclass(frozen=True)
+class Tokens:
+    """What a model is evaluated on: its tokenizer, the first `--max-tokens` tokens of the data in it, and the
+    largest token id the model is fed (passkey prompts included), which its vocabulary must hold."""
+
+    tokenizer: Any
+    stream: list[int]
+    largest_id: int
+
+
+def _tokenize(flag: str, source: str, label: str, options: EvalOptions, texts: list[str]) -> Tokens:
+    """The tokenizer of `source` and the data in it; refuses a tokenizer without a vocabulary, one that does not fit
+    the text, and too little text for the longest length."""
+    from path_hf.evaluation import passkey_windows, tokenize_stream
 
     from ..conversion.loading import load_tokenizer
 
-    flag, source = _tokenizer_source(spec, options)
     with _loading(flag, source):
         tokenizer = load_tokenizer(source, trust_remote_code=options.trust_remote_code)
     if len(tokenizer) <= len(set(tokenizer.all_special_ids)):
@@ -295,10 +372,108 @@ def _tokens(spec: ModelSpec, options: EvalOptions, texts: list[str]):
         )
     if len(stream) < options.lengths[-1]:
         raise EvaluationError(
-            f"--data holds {len(stream)} tokens for {spec.label}'s tokenizer, fewer than the longest length "
+            f"--data holds {len(stream)} tokens for {label}'s tokenizer, fewer than the longest length "
             f"{options.lengths[-1]}: give more text or drop the longer lengths"
         )
-    return tokenizer, stream
+    largest_id = max(stream)
+    if options.passkey_trials:
+        try:  # the prompts of every length are made of the same pieces: those of the longest show every id
+            prompts = passkey_windows(tokenizer, options.lengths[-1], options.passkey_trials, options.seed)
+            largest_id = max(largest_id, *(int(window.input_ids.max()) for window in prompts))
+        except ValueError:  # too short for a prompt: no length runs the passkey test
+            pass
+    return Tokens(tokenizer, stream, largest_id)
+
+
+def _vocabulary(config) -> int | None:
+    """The number of token embeddings of a model, from its config."""
+    return getattr(config.get_text_config(), "vocab_size", None)
+
+
+def _check_vocabulary(spec: ModelSpec, options: EvalOptions, tokens: Tokens, vocabulary: int | None) -> None:
+    """Refuse a tokenizer that writes a token id the model has no embedding for. A tokenizer with fewer tokens than
+    the model's embeddings is common (vocabularies padded to a multiple of 64 or 128: Qwen2.5 has 151,665 tokens and
+    151,936 embeddings) and passes."""
+    if vocabulary is None or tokens.largest_id < vocabulary:
+        return
+    written = (
+        f"writes token id {tokens.largest_id} on the evaluation text, and the model has {vocabulary} token embeddings"
+    )
+    if options.tokenizer:
+        raise EvaluationError(
+            f"--tokenizer {options.tokenizer} does not belong to --model {spec.path}: it {written}: give the model's "
+            "own tokenizer"
+        )
+    raise EvaluationError(
+        f"--model {spec.path}: its tokenizer {written}: the tokenizer and the weights do not belong together; pass "
+        "--tokenizer with the model's own"
+    )
+
+
+def _own_tokenizer(spec: ModelSpec) -> str | None:
+    """Where the model of `spec` keeps a tokenizer of its own, if it is local: a GGUF with one in its metadata, or a
+    checkpoint directory with tokenizer files (a hub id is not asked: that would need the network)."""
+    from ..conversion.gguf import GGUFFile, find_gguf
+
+    try:
+        gguf = find_gguf(spec.path)
+        if gguf is not None:
+            return spec.path if GGUFFile.read(gguf).has_tokenizer else None
+    except ConversionError:
+        return None
+    directory = Path(spec.path).expanduser()
+    return spec.path if directory.is_dir() and _has_tokenizer_files(directory) else None
+
+
+# `--tokenizer` and a model's own tokenizer must write the same ids for the first this many characters of --data.
+PROBE_CHARACTERS = 4000
+
+
+def _check_own_tokenizer(spec: ModelSpec, options: EvalOptions, tokens: Tokens, texts: list[str]) -> None:
+    """Refuse a `--tokenizer` that writes other ids than the model's own tokenizer on the start of the data. Their
+    vocabulary sizes may differ (one padded, one with extra special tokens) as long as the ids agree; a model whose
+    own tokenizer does not load (a reason to pass another) is not compared."""
+    from path_hf.evaluation import tokenize_stream
+
+    from ..conversion.loading import load_tokenizer
+
+    own_source = _own_tokenizer(spec)
+    given = Path(options.tokenizer).expanduser()
+    if own_source is None or (given.exists() and given.resolve() == Path(own_source).expanduser().resolve()):
+        return
+    try:
+        own = load_tokenizer(own_source, trust_remote_code=options.trust_remote_code)
+    except Exception:  # whatever a broken tokenizer raises: there is nothing to compare with
+        return
+    probe, left = [], PROBE_CHARACTERS
+    for text in texts:
+        if left <= 0:
+            break
+        probe.append(text[:left])
+        left -= len(probe[-1])
+    if tokenize_stream(probe, own) != tokenize_stream(probe, tokens.tokenizer):
+        raise EvaluationError(
+            f"--tokenizer {options.tokenizer} does not belong to --model {spec.path}: on the first "
+            f"{PROBE_CHARACTERS - max(left, 0)} characters of --data it writes other token ids than the model's own "
+            f"tokenizer ({len(tokens.tokenizer)} tokens; the model's: {len(own)}): leave out --tokenizer to use the "
+            "model's own"
+        )
+
+
+def prepare_tokens(spec: ModelSpec, options: EvalOptions, texts: list[str], config, cache: dict) -> Tokens:
+    """The tokens `spec` is evaluated on (`config`: its model's), checked before any model is loaded: the tokenizer
+    must fit the text (`_tokenize`) and belong to the model: every id it writes has an embedding, and a `--tokenizer`
+    writes the ids of the model's own tokenizer, if the model has one. `cache` keeps what models of the same run
+    share: a tokenizer and its tokens, a comparison of the same model's tokenizers."""
+    flag, source = _tokenizer_source(spec, options)
+    if ("tokens", source) not in cache:
+        cache["tokens", source] = _tokenize(flag, source, spec.label, options, texts)
+    tokens = cache["tokens", source]
+    _check_vocabulary(spec, options, tokens, _vocabulary(config))
+    if options.tokenizer and ("compared", spec.path) not in cache:
+        _check_own_tokenizer(spec, options, tokens, texts)
+        cache["compared", spec.path] = True
+    return tokens
 
 
 def _model(spec: ModelSpec, options: EvalOptions, device: str):
@@ -354,9 +529,9 @@ def _measure(model, tokenizer, stream: list[int], length: int, factor: float | N
 
 
 def evaluate_model(
-    spec: ModelSpec, options: EvalOptions, texts: list[str], unscaled: dict[str, dict] | None = None
+    spec: ModelSpec, options: EvalOptions, tokens: Tokens, unscaled: dict[str, dict] | None = None
 ) -> dict:
-    """Load one model and measure it at every length; returns its JSON record.
+    """Load one model and measure it on `tokens` (`prepare_tokens`) at every length; returns its JSON record.
 
     `unscaled`: the record of the same checkpoint evaluated without RoPE scaling in this run, if any. At the lengths
     where this spec's scaling is the identity, its entries are taken from there (marked `same_as_unscaled`) instead of
@@ -366,11 +541,11 @@ def evaluate_model(
     from path_hf.evaluation import rope_scaling
 
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer, stream = _tokens(spec, options, texts)
+    tokenizer, stream = tokens.tokenizer, tokens.stream
     model = _model(spec, options, device)
+    # the embeddings themselves, for a config that does not state their number
+    _check_vocabulary(spec, options, tokens, model.get_input_embeddings().num_embeddings)
     train_length = _train_length(model.config, options.train_length)
-    if spec.rope_scaling and not train_length:
-        raise EvaluationError(f"--model {spec.label}: RoPE scaling needs the training length: pass --train-length")
     record = {
         "path": spec.path,
         "tokenizer": _tokenizer_source(spec, options)[1],
@@ -445,8 +620,9 @@ def run_eval(options: EvalOptions) -> dict:
         raise EvaluationError(f"--data: {error}") from error
     if not texts:
         raise EvaluationError(f"--data {' '.join(options.data)}: no non-empty documents")
-    for spec in options.models:
-        check_model(spec, options)
+    configs = {spec.label: check_model(spec, options) for spec in options.models}
+    cache: dict = {}
+    tokens = {spec.label: prepare_tokens(spec, options, texts, configs[spec.label], cache) for spec in options.models}
     report = {
         "data": options.data,
         "max_tokens": options.max_tokens,
@@ -467,7 +643,9 @@ def run_eval(options: EvalOptions) -> dict:
             ),
             None,
         )
-        report["models"][spec.label] = evaluate_model(spec, options, texts, unscaled) | {"spec": asdict(spec)}
+        report["models"][spec.label] = evaluate_model(spec, options, tokens[spec.label], unscaled) | {
+            "spec": asdict(spec)
+        }
     train_lengths = {record["train_length"] for record in report["models"].values()}
     report["train_length"] = train_lengths.pop() if len(train_lengths) == 1 else None
     print(format_table(report))

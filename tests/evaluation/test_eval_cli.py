@@ -3,6 +3,7 @@
 import json
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -174,8 +175,17 @@ def test_several_models_a_plot_and_passkey(checkpoints, tmp_path, capsys):
         (["--max-tokens", "40"], "--max-tokens 40 is below the longest length 64"),
         (["--model", "{path}@yarn"], "has rope_mode='drop' in every layer: the model uses no RoPE"),
         (["--model", "{tmp}/nothing-here"], "nothing-here: no such file or directory"),
+        # every number in its range, before any data or model is read
+        (["--train-length", "-64"], "--train-length must be at least 1 (the models' training context, in tokens), "
+         "got -64"),
+        (["--model", "{llama}@yarn", "--train-length", "0"], "--train-length must be at least 1"),
+        (["--max-tokens", "0"], "--max-tokens must be at least 1 (tokens of --data to evaluate on), got 0"),
+        (["--stride", "0"], "--stride must be at least 1 (tokens a sliding window moves by), got 0"),
+        (["--batch-size", "-2"], "--batch-size must be at least 1 (windows per forward pass), got -2"),
+        (["--passkey-trials", "-1"], "--passkey-trials must be at least 0 (0 skips the passkey test), got -1"),
+        (["--seed", "-1"], "--seed must be at least 0 (the seed of the passkey prompts), got -1"),
     ],
-)
+)  # fmt: skip
 def test_refusals(args, message, checkpoints, tmp_path, capsys):
     args = [arg.format(llama=checkpoints["llama"], path=checkpoints["path"], tmp=tmp_path) for arg in args]
     models = [] if "--model" in args else ["--model", str(checkpoints["llama"])]
@@ -183,8 +193,56 @@ def test_refusals(args, message, checkpoints, tmp_path, capsys):
     command = ["eval", *models, "--data", str(EVAL_DATA), "--lengths", "32,64", "--passkey-trials", "0"]
     code = main([*command, "--no-progress", "--output", str(output), *args])
     assert code == 1
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err.splitlines()[-1] and "Traceback" not in err
     assert not output.exists()
+
+
+def refused_before_work(capsys, checkpoints, *args) -> str:
+    """The one line of a `path-hf eval` refused before it read the data or a model (no progress, no result line)."""
+    command = ["eval", "--model", str(checkpoints["llama"]), "--data", str(EVAL_DATA), "--lengths", "32"]
+    assert main([*command, "--passkey-trials", "0", *map(str, args)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    return err.strip()
+
+
+def test_outputs_that_could_not_be_written(checkpoints, tmp_path, capsys):
+    """Checked before the evaluation starts, which used to run whole and fail at the end; nothing is written."""
+    folder = tmp_path / "results"
+    folder.mkdir()
+    for force in ([], ["--force"]):  # --force replaces a file, never a directory
+        err = refused_before_work(capsys, checkpoints, "--output", folder, *force)
+        assert err == f"error: --output {folder} is a directory: give a file path"
+    err = refused_before_work(capsys, checkpoints, "--plot", tmp_path / "missing" / "eval.png")
+    assert (
+        err == f"error: --plot {tmp_path / 'missing' / 'eval.png'}: its directory does not exist: create it or "
+        "choose another path"
+    )
+    # A directory that takes no new files: read-only for a user; root writes in any directory, not in /sys.
+    read_only = tmp_path / "read-only"
+    read_only.mkdir(mode=0o555)
+    if os.access(read_only, os.W_OK):
+        read_only = Path("/sys")
+    err = refused_before_work(capsys, checkpoints, "--output", read_only / "eval.json")
+    assert (
+        err == f"error: --output {read_only / 'eval.json'}: cannot write in {read_only} (Permission denied): "
+        "choose another path"
+    )
+    err = refused_before_work(capsys, checkpoints, "--plot", tmp_path / "plot.txt")
+    assert (
+        err.startswith(
+            f"error: --plot {tmp_path / 'plot.txt'}: matplotlib cannot write .txt files: end the name with one of "
+        )
+        and ".png, " in err
+        and ".svg" in err
+    )
+    err = refused_before_work(capsys, checkpoints, "--plot", tmp_path / "plot")
+    assert err.startswith(f"error: --plot {tmp_path / 'plot'}: no suffix names the format: end the name with one of")
+    err = refused_before_work(capsys, checkpoints, "--output", tmp_path / "eval.png", "--plot", tmp_path / "eval.png")
+    assert err == f"error: --output and --plot are the same file, {tmp_path / 'eval.png'}: give two paths"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["read-only", "results"]
+    assert not any(folder.iterdir()) and not any((tmp_path / "read-only").iterdir())
 
 
 def test_too_little_text_and_existing_output(checkpoints, tmp_path, capsys):

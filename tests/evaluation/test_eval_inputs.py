@@ -1,6 +1,7 @@
 """What `path-hf eval` refuses to score, and the inputs it reads: empty data, a data directory, `PATH@ROPE` specs,
 models that are not causal decoders, and tokenizers that are missing or do not fit the text."""
 
+import gzip
 import json
 import re
 import shutil
@@ -24,7 +25,7 @@ from transformers import (
 )
 
 from path_hf.cli import main
-from path_hf.evaluation import attends_causally, data_files, read_texts
+from path_hf.evaluation import attends_causally, data_files, load_texts, read_texts
 from path_hf.evaluation.command import ModelSpec
 from tests.evaluation.eval_models import EVAL_DATA, TOKENIZER, shapes
 
@@ -95,6 +96,47 @@ def test_data_without_documents(name, content, checkpoints, tmp_path, capsys):
     data.write_bytes(content)
     err = refused(capsys, "--model", checkpoints["llama"], "--data", data, output=tmp_path / "eval.json")
     assert err == f"error: --data {data}: no non-empty documents"
+
+
+# A PNG renamed: its first byte, 0x89, starts no UTF-8 character.
+BINARY = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
+BROKEN_JSONL = b'{"text": "The first record."}\n{"text": "The second, cut short\n'
+UNREADABLE = [
+    ("png.jsonl", BINARY, "JSON: line 1 is not UTF-8 text (byte 0x89 at column 1)"),
+    ("png.txt", BINARY, "text: line 1 is not UTF-8 text (byte 0x89 at column 1)"),
+    ("png.parquet", BINARY, "parquet: Parquet magic bytes not found in footer. Either the file is corrupted or this "
+     "is not a parquet file."),
+    ("broken.jsonl", BROKEN_JSONL, "JSON: line 2 is not JSON (column 10: Unterminated string starting at)"),
+    ("broken.jsonl.gz", gzip.compress(BROKEN_JSONL), "JSON: line 2 is not JSON (column 10: Unterminated string "
+     "starting at)"),
+    ("png.jsonl.xz", BINARY, "JSON: it does not decompress as .xz (Input format not supported by decoder)"),
+    ("broken.json", b'[{"text": "a"},\n {"text": "b"}\n', "JSON: it is not JSON (line 3, column 1: Expecting ',' "
+     "delimiter)"),
+    ("strings.jsonl", b'"a string"\n"another"\n', "JSON: line 1 is a JSON string, not an object (JSON lines hold "
+     "one record a line)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, content, cause", UNREADABLE, ids=[case[0] for case in UNREADABLE])
+def test_unreadable_data(name, content, cause, checkpoints, tmp_path, capsys):
+    """`datasets` says "An error occurred while generating the dataset"; the refusal names the file and what is
+    wrong with it, also when streamed (as the recipes may read it): its first records are read at once."""
+    data = tmp_path / name
+    data.write_bytes(content)
+    err = refused(capsys, "--model", checkpoints["llama"], "--data", data, output=tmp_path / "eval.json")
+    assert err == f"error: --data: cannot read {data} as {cause}"
+    with pytest.raises(ValueError, match=re.escape(f"cannot read {data} as {cause}")):
+        load_texts([data], streaming=True)
+
+
+def test_a_text_field_that_holds_no_text(tmp_path, capsys, checkpoints):
+    data = tmp_path / "numbers.jsonl"
+    data.write_text('{"text": 5}\n{"text": 7}\n')
+    for streaming in (False, True):
+        with pytest.raises(ValueError, match=re.escape(f"{data}: column 'text' holds int64 values, not text")):
+            load_texts([data], streaming=streaming)
+    err = refused(capsys, "--model", checkpoints["llama"], "--data", data, output=tmp_path / "eval.json")
+    assert err == f"error: --data: {data}: column 'text' holds int64 values, not text: set the text field"
 
 
 def test_blank_files_are_skipped(tmp_path):
@@ -225,3 +267,72 @@ def test_a_tokenizer_that_does_not_fit_the_text(foreign, tmp_path, capsys):
     err = refused(capsys, "--model", foreign["words"], "--data", EVAL_DATA, output=tmp_path / "e.json")
     assert "% of the first 64 tokens of --data are the unknown token '[UNK]'" in err
     assert f"{foreign['words']}'s tokenizer does not fit the text" in err
+
+
+# Tokenizers that do not belong to the model
+
+
+@pytest.fixture(scope="module")
+def vocabularies(tmp_path_factory, tokenizer) -> dict:
+    """A Llama of 300 token embeddings saved without a tokenizer, the same weights saved with the default tokenizer
+    (4096 tokens: not theirs), and a Llama whose vocabulary is padded past its tokenizer's (as Qwen2.5's is)."""
+    root = tmp_path_factory.mktemp("vocabularies")
+    torch.manual_seed(0)
+    paths = {name: root / name for name in ("llama-300", "mismatched", "padded")}
+    LlamaForCausalLM(LlamaConfig(**(shapes(tokenizer) | {"vocab_size": 300}))).save_pretrained(paths["llama-300"])
+    shutil.copytree(paths["llama-300"], paths["mismatched"])
+    tokenizer.save_pretrained(paths["mismatched"])
+    LlamaForCausalLM(LlamaConfig(**(shapes(tokenizer) | {"vocab_size": len(tokenizer) + 60}))).save_pretrained(
+        paths["padded"]
+    )
+    tokenizer.save_pretrained(paths["padded"])
+    return paths
+
+
+def test_token_ids_beyond_the_vocabulary(vocabularies, foreign, tmp_path, capsys):
+    """A tokenizer whose ids the embedding has no row for: an `IndexError` in the first forward pass before."""
+    small = vocabularies["llama-300"]
+    beyond = r"writes token id \d+ on the evaluation text, and the model has 300 token embeddings"
+    err = refused(capsys, "--model", small, "--tokenizer", TOKENIZER, "--data", EVAL_DATA, output=tmp_path / "e.json")
+    assert re.fullmatch(
+        f"error: --tokenizer {re.escape(str(TOKENIZER))} does not belong to --model {re.escape(str(small))}: "
+        f"it {beyond}: give the model's own tokenizer",
+        err,
+    ), err
+    # Several models share --tokenizer: each is checked against it, all before the first is evaluated.
+    code, err = run_eval(
+        capsys, "--model", foreign["gpt2"], "--model", small, "--tokenizer", TOKENIZER, "--data", EVAL_DATA
+    )
+    assert code == 1 and f"does not belong to --model {small}: it writes token id" in err.splitlines()[-1]
+    assert " ppl " not in err  # gpt2, which fits, was not evaluated either
+    # A checkpoint saved with a tokenizer that is not its own.
+    err = refused(capsys, "--model", vocabularies["mismatched"], "--data", EVAL_DATA, output=tmp_path / "e.json")
+    assert re.fullmatch(
+        f"error: --model {re.escape(str(vocabularies['mismatched']))}: its tokenizer {beyond}: the tokenizer and "
+        "the weights do not belong together; pass --tokenizer with the model's own",
+        err,
+    ), err
+
+
+def test_a_padded_vocabulary_evaluates(vocabularies, tokenizer, tmp_path, capsys):
+    """More embeddings than tokens is common (vocabularies padded to a multiple of 64 or 128): not a refusal, with
+    the model's own tokenizer or the same one given by --tokenizer."""
+    for args in ([], ["--tokenizer", TOKENIZER]):
+        output = tmp_path / f"eval{len(args)}.json"
+        code, err = run_eval(capsys, "--model", vocabularies["padded"], "--data", EVAL_DATA, "--output", output, *args)
+        assert code == 0, err
+        assert json.loads(output.read_text())["models"]["padded"]["tokens"] == 64
+
+
+def test_a_tokenizer_of_another_model(checkpoints, other_tokenizer, tmp_path, capsys):
+    """Its ids are all in the model's vocabulary, but not the model's own tokenizer's: the perplexity would be
+    computed, and mean nothing."""
+    model = checkpoints["llama"]
+    err = refused(
+        capsys, "--model", model, "--tokenizer", other_tokenizer, "--data", EVAL_DATA, output=tmp_path / "e.json"
+    )
+    assert err == (
+        f"error: --tokenizer {other_tokenizer} does not belong to --model {model}: on the first 4000 characters of "
+        "--data it writes other token ids than the model's own tokenizer (300 tokens; the model's: 4096): leave out "
+        "--tokenizer to use the model's own"
+    )
