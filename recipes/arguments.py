@@ -53,7 +53,8 @@ class ModelArguments:
         default_factory=dict,
         metadata=_help(
             "options of `path-hf convert` (conversion/options.py ConvertOptions fields: rope, init, forget_gate, "
-            "layers, w_rank, conv_size, seed, dtype) used when `path` is a RoPE model"
+            "layers, w_rank, conv_size, seed, dtype, allow_nonfinite, follow_symlinks, ...) used when `path` is a "
+            "RoPE model"
         ),
     )
     dtype: str = field(

@@ -4,6 +4,7 @@ what of the student trains, the checks and placement each engine needs, and the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -18,6 +19,7 @@ from torch.distributed.tensor import DTensor
 from transformers import PretrainedConfig
 
 from path_hf import PaTHLlamaAttention, PaTHLlamaConfig, PaTHLlamaForCausalLM
+from path_hf.arguments import flag
 from path_hf.conversion.convert import convert
 from path_hf.conversion.loading import load_causal_lm, load_config
 from path_hf.conversion.options import RUN_OPTIONS, ConvertOptions
@@ -95,13 +97,34 @@ def conversion_options(model_args: ModelArguments, output: str) -> ConvertOption
         raise RecipeError(f"model.convert: {error}") from error
 
 
+# What the converter's flags are in a recipe: `model.convert.<field>`, and the run's own places.
+_RECIPE_TERMS = {
+    **{
+        flag(option): f"model.convert.{option.name}" + ("=true" if option.type in (bool, "bool") else "")
+        for option in fields(ConvertOptions)
+        if option.name not in RUN_OPTIONS
+    },
+    "--from": "model.path",
+    "--to": "training.output_dir",
+}
+
+
+def in_recipe_terms(message: str) -> str:
+    """A converter's message with its flags (`pass --allow-nonfinite`) named as a recipe sets them
+    (`model.convert.allow_nonfinite=true`)."""
+    return re.sub(r"--[a-z][a-z-]*", lambda found: _RECIPE_TERMS.get(found[0], found[0]), message)
+
+
 def load_models(
     config: RecipeConfig, plan: ModelPlan, accelerator: Accelerator
 ) -> tuple[PaTHLlamaForCausalLM, nn.Module | None]:
     """Convert if needed (on the main process, once: a resumed run reuses the converted model), then load the
     student and the frozen teacher."""
     if plan.convert_from is not None and accelerator.is_main_process and not Path(plan.student).is_dir():
-        convert(conversion_options(config.model, plan.student))
+        try:
+            convert(conversion_options(config.model, plan.student))
+        except ConversionError as error:
+            raise RecipeError(f"model.path: converting it failed: {in_recipe_terms(str(error))}") from error
     accelerator.wait_for_everyone()
     student_field = "model.path" if plan.convert_from is None else "the model converted from model.path into"
     student = _load_causal_lm(plan.student, getattr(torch, config.model.dtype), student_field)

@@ -163,7 +163,10 @@ def test_a_failed_conversion_is_one_line_and_leaves_nothing(tiny_source, tmp_pat
     out = tmp_path / "run"
     assert run_recipe(recipe_config(source, out), tmp_path) == 1
     error = capsys.readouterr().err
-    assert error.startswith(f"error: {source}: tensor 'lm_head.weight' holds 1 NaN") and len(error.splitlines()) == 1
+    assert error.startswith(f"error: model.path: converting it failed: {source}: tensor 'lm_head.weight' holds 1 NaN")
+    assert len(error.splitlines()) == 1
+    # The converter's way out, said as a recipe sets it, not as its flag.
+    assert "model.convert.allow_nonfinite=true" in error and "--allow-nonfinite" not in error
     assert not out.exists()
 
 
