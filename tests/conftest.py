@@ -1,3 +1,4 @@
+import faulthandler
 import os
 from collections.abc import Iterator
 
@@ -17,3 +18,23 @@ def single_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# Past this, a test is taken for hung: longer than any test's own limit on the programs it launches
+# (tests/processes.py).
+HUNG_AFTER_SECONDS = float(os.environ.get("PATH_HF_TEST_HUNG_AFTER", 1800))
+_stderr: int | None = None  # pytest's own stderr: a test's output is captured elsewhere
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _stderr
+    _stderr = os.dup(2)  # no capture runs between the conftests' loading and the first test
+
+
+@pytest.fixture(autouse=True)
+def hang_guard() -> Iterator[None]:
+    # A test still running after HUNG_AFTER_SECONDS prints every thread's traceback (without the GIL, which a hang
+    # may hold) and ends pytest with an error: CI fails saying where it hung instead of hanging.
+    faulthandler.dump_traceback_later(HUNG_AFTER_SECONDS, exit=True, file=_stderr if _stderr is not None else 2)
+    yield
+    faulthandler.cancel_dump_traceback_later()

@@ -4,6 +4,7 @@ are stopped at the timeout, each printing where its threads stand, and nothing o
 import os
 import sys
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -62,3 +63,16 @@ def _group_of(process: psutil.Process) -> int | None:
         return os.getpgid(process.pid)
     except ProcessLookupError:
         return None
+
+
+def test_a_hung_test_ends_pytest_with_every_threads_traceback(tmp_path):
+    """tests/conftest.py's guard, for a test that hangs in pytest's own process (no program of its own to stop)."""
+    (tmp_path / "conftest.py").write_text("from tests.conftest import hang_guard, pytest_configure  # noqa: F401\n")
+    (tmp_path / "test_hung.py").write_text("import time\n\n\ndef test_hangs():\n    time.sleep(600)\n")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_hung.py")]
+    started = time.monotonic()
+    completed = processes.run(
+        command, timeout=120, cwd=processes.ROOT, env=processes.environment(PATH_HF_TEST_HUNG_AFTER="3")
+    )
+    assert completed.returncode != 0 and time.monotonic() - started < 60
+    assert "Timeout" in completed.stderr and "in test_hangs" in completed.stderr
