@@ -17,7 +17,7 @@ import torch
 from huggingface_hub import snapshot_download
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-from path_hf.errors import ConversionError
+from path_hf.errors import ConversionError, first_line
 
 from .io import SourceWeights, read_index
 
@@ -99,8 +99,7 @@ def _download(repo_id: str, revision: str | None, **patterns) -> Path:
     try:
         return Path(snapshot_download(repo_id, revision=revision, **patterns))
     except (OSError, ValueError) as error:  # not found, offline and not cached, invalid id, HTTP errors
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ConversionError(f"cannot get {repo_id!r} from the hub: {first_line}") from error
+        raise ConversionError(f"cannot get {repo_id!r} from the hub: {first_line(error)}") from error
 
 
 def resolve_source(source: str, revision: str | None) -> Source:

@@ -22,4 +22,9 @@ class RecipeError(CommandError):
     """A configuration the recipe refuses, or a run that cannot go on; the message names the field or the step."""
 
 
-__all__ = ["CommandError", "ConversionError", "EvaluationError", "RecipeError"]
+def first_line(error: BaseException) -> str:
+    """The first line of `error`'s message, or its type's name when it has none: what a one-line refusal quotes."""
+    return (str(error).strip() or type(error).__name__).splitlines()[0]
+
+
+__all__ = ["CommandError", "ConversionError", "EvaluationError", "RecipeError", "first_line"]

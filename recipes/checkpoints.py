@@ -21,7 +21,7 @@ from accelerate.utils import load as load_restricted  # torch.load(weights_only=
 from safetensors import SafetensorError, safe_open
 
 from path_hf.atomic import replace_directory
-from path_hf.errors import RecipeError
+from path_hf.errors import RecipeError, first_line
 from path_hf.recipes.arguments import RecipeConfig, TrainingArguments, flatten
 from path_hf.recipes.data import eval_length_names
 from path_hf.recipes.schedule import StagePlan, planned_steps, tokens_before
@@ -203,7 +203,7 @@ def read_checkpoint(checkpoint: Path, accelerator: Accelerator) -> RunState:
                 with safe_open(path, "pt") as weights:
                     weights.keys()
             except (SafetensorError, OSError) as error:
-                raise RecipeError(f"{path}: damaged ({_first_line(error)}); {_instead(checkpoint)}") from error
+                raise RecipeError(f"{path}: damaged ({first_line(error)}); {_instead(checkpoint)}") from error
     for file in sorted(checkpoint.iterdir()):
         if file.is_dir() or file.suffix in (".safetensors", ".json") or file.name in DEEPSPEED_FILES:
             continue  # directories: engine shards (DeepSpeed), read by the engine's own loader
@@ -212,7 +212,7 @@ def read_checkpoint(checkpoint: Path, accelerator: Accelerator) -> RunState:
         except Exception as error:
             raise RecipeError(
                 f"{file}: refused, it does not load as plain tensors and numbers (torch.load weights_only=True: "
-                f"{_first_line(error)}); resume only from checkpoints this recipe wrote"
+                f"{first_line(error)}); resume only from checkpoints this recipe wrote"
             ) from error
     return state
 
@@ -228,10 +228,6 @@ def _instead(checkpoint: Path) -> str:
     return f"there is no earlier checkpoint: start anew with --force (or delete {checkpoint})"
 
 
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip() or type(error).__name__).splitlines()[0]
-
-
 RUN_STATE_FIELDS = tuple(option.name for option in fields(RunState)) + ("processes", "files")
 HISTORY_FIELDS = ("step", "tokens", "ppl", "ratio")
 
@@ -242,7 +238,7 @@ def parse_run_state(path: Path) -> tuple[RunState, int, dict[str, int]]:
     try:
         record = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise RecipeError(f"{path}: not a run state of this recipe ({_first_line(error)})") from error
+        raise RecipeError(f"{path}: not a run state of this recipe ({first_line(error)})") from error
     if not isinstance(record, dict):
         raise RecipeError(f"{path}: not a run state of this recipe (not a JSON object)")
     if "config" not in record:
@@ -388,7 +384,7 @@ def restore_checkpoint(accelerator: Accelerator, checkpoint: Path) -> None:
     try:
         accelerator.load_state(str(checkpoint))
     except (OSError, RuntimeError, ValueError, KeyError) as error:
-        raise RecipeError(f"{checkpoint}: cannot be loaded ({_first_line(error)}); {_instead(checkpoint)}") from error
+        raise RecipeError(f"{checkpoint}: cannot be loaded ({first_line(error)}); {_instead(checkpoint)}") from error
     rng_file = checkpoint / f"random_states_{accelerator.process_index}.pkl"
     saved = load_restricted(rng_file, map_location="cpu")
     torch_state = saved.get("torch_manual_seed") if isinstance(saved, dict) else None

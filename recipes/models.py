@@ -23,7 +23,7 @@ from path_hf.arguments import flag
 from path_hf.conversion.convert import convert
 from path_hf.conversion.loading import load_causal_lm, load_config
 from path_hf.conversion.options import RUN_OPTIONS, ConvertOptions
-from path_hf.errors import ConversionError, RecipeError
+from path_hf.errors import ConversionError, RecipeError, first_line
 from path_hf.modeling_path_llama import LAYER_PARAMETER, PATH_MODULES
 from path_hf.recipes.arguments import ModelArguments, RecipeConfig, TrainingArguments
 
@@ -78,7 +78,7 @@ def _load_config(name: str, field_name: str) -> PretrainedConfig:
     try:
         return load_config(name)
     except (OSError, ValueError, ConversionError) as error:
-        raise RecipeError(f"{field_name} {name}: cannot read its config ({str(error).splitlines()[0]})") from error
+        raise RecipeError(f"{field_name} {name}: cannot read its config ({first_line(error)})") from error
 
 
 def conversion_options(model_args: ModelArguments, output: str) -> ConvertOptions:
@@ -144,7 +144,7 @@ def _load_causal_lm(name: str, dtype: torch.dtype, field_name: str) -> nn.Module
     try:
         return load_causal_lm(name, dtype)
     except (OSError, ValueError, SafetensorError, ConversionError) as error:
-        raise RecipeError(f"{field_name} {name}: cannot load its weights ({str(error).splitlines()[0]})") from error
+        raise RecipeError(f"{field_name} {name}: cannot load its weights ({first_line(error)})") from error
 
 
 def fast_bfloat16(device: torch.device) -> bool:
