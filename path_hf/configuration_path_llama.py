@@ -34,6 +34,21 @@ class PaTHLlamaConfig(LlamaConfig):
             puts RoPE's rotation by one position between consecutive transforms, `q_i^T H_i R^-1 H_{i-1} R^-1 ...
             H_{j+1} R^-1 k_j`: the logit depends on the tokens from j to i and not on where they stand, as RoPE's
             does (with `"keep"` it also depends on the absolute positions). With `beta = 0` it too is the source.
+        rope_max_wavelength (`float`, *optional*):
+            Critical-band partial RoPE, with `rope_mode="keep"` or `"interleave"`: PaTH layers rotate only the RoPE
+            frequency pairs whose wavelength `2 pi / theta_i` (in tokens, from `rope_theta` and the head dim, before
+            any RoPE scaling) is at most this; the slower pairs are not rotated at all (angle 0, for q, k and, with
+            `"interleave"`, w). Set to the source's training context, it removes the pairs that never complete a
+            turn in training, so no angle past that context is out of distribution and PaTH (with the forget gate)
+            carries long-range position instead (FoPE, arXiv 2412.17739; p-RoPE, arXiv 2410.06205). RoPE layers
+            (outside `path_layers`) keep every pair. `None`: every pair rotates.
+        path_attn_temperature_scale (`float`, *optional*, defaults to 0.0):
+            Log-length attention temperature of the PaTH layers (Llama 4's `attn_temperature_tuning`): the query at
+            position p is multiplied by `1 + scale * log(floor((p + 1) / length) + 1)`, which is exactly 1 inside
+            `length` and grows slowly past it, so that attention stays as sharp over more keys. 0 turns it off.
+        path_attn_temperature_length (`int`, *optional*):
+            The `length` of the temperature above. `None`: the source's context, `original_max_position_embeddings`
+            of the RoPE parameters if they have one, else `max_position_embeddings`.
         path_layers (`list[int]`, *optional*):
             Indices of the layers that use PaTH attention; the others are the source model's RoPE softmax
             attention. `None` means every layer.
@@ -84,6 +99,7 @@ class PaTHLlamaConfig(LlamaConfig):
     attention_o_bias: bool | None = None
     qk_norm: bool = False
     rope_mode: str = "drop"
+    rope_max_wavelength: float | int | None = None
     path_layers: list[int] | None = None
     path_forget_gate: bool = False
     path_forget_gate_bias: float | int = 0.0
@@ -92,6 +108,8 @@ class PaTHLlamaConfig(LlamaConfig):
     path_beta_max: float | int = 1.9
     path_backend: str = "auto"
     path_init: str = "default"
+    path_attn_temperature_scale: float | int = 0.0
+    path_attn_temperature_length: int | None = None
 
     def __post_init__(self, **kwargs):
         if self.attention_o_bias is None:
@@ -120,6 +138,14 @@ class PaTHLlamaConfig(LlamaConfig):
         """Whether layer `layer_idx` uses PaTH attention."""
         return self.path_layers is None or layer_idx in self.path_layers
 
+    @property
+    def attn_temperature_length(self) -> int:
+        """The length past which the PaTH layers' attention temperature grows (`path_attn_temperature_length`)."""
+        if self.path_attn_temperature_length is not None:
+            return self.path_attn_temperature_length
+        rope_parameters = getattr(self, "rope_parameters", None) or {}
+        return rope_parameters.get("original_max_position_embeddings") or self.max_position_embeddings
+
     def validate_architecture(self):
         """Part of `@strict`-powered validation: checks the shapes and the PaTH fields."""
         # Not Llama's hidden_size % num_attention_heads check: with an explicit head_dim (Qwen3) it need not hold.
@@ -130,6 +156,26 @@ class PaTHLlamaConfig(LlamaConfig):
             )
         if self.rope_mode not in ROPE_MODES:
             raise ValueError(f"rope_mode must be one of {ROPE_MODES}, got {self.rope_mode!r}.")
+        if self.rope_max_wavelength is not None:
+            if self.rope_mode == "drop":
+                raise ValueError(
+                    "rope_max_wavelength limits the RoPE of PaTH layers, but rope_mode='drop' applies none: use "
+                    "rope_mode='keep' or 'interleave', or leave rope_max_wavelength unset."
+                )
+            if not self.rope_max_wavelength > 0:
+                raise ValueError(
+                    f"rope_max_wavelength must be a positive number of tokens, got {self.rope_max_wavelength}."
+                )
+        if self.path_attn_temperature_scale < 0:
+            raise ValueError(
+                f"path_attn_temperature_scale must be >= 0 (0 turns the temperature off), got "
+                f"{self.path_attn_temperature_scale}."
+            )
+        if self.path_attn_temperature_length is not None and self.path_attn_temperature_length < 1:
+            raise ValueError(
+                f"path_attn_temperature_length must be a positive number of tokens, got "
+                f"{self.path_attn_temperature_length}."
+            )
         if self.path_backend not in BACKENDS:
             raise ValueError(f"path_backend must be one of {BACKENDS}, got {self.path_backend!r}.")
         if self.path_init not in PATH_INITS:

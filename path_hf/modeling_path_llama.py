@@ -9,6 +9,7 @@ The only relative imports are flat modules that `save_pretrained` copies next to
 loads with `trust_remote_code=True` where path_hf is not installed.
 """
 
+import math
 import re
 
 import torch
@@ -21,6 +22,7 @@ from transformers.core_model_loading import ConversionOps, WeightConverter, Weig
 from transformers.masking_utils import create_causal_mask, find_packed_sequence_indices
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import (
     LlamaAttention,
@@ -217,6 +219,37 @@ class PaTHLlamaRoPEAttention(LlamaAttention):
         return self.o_proj(attn_output), attn_weights
 
 
+def rope_band(config: PaTHLlamaConfig) -> torch.Tensor | None:
+    """`[rotary_dim]` bool mask of the RoPE dims that PaTH layers rotate: the pairs whose wavelength `2 pi / theta_i`
+    is at most `config.rope_max_wavelength`; None when every pair rotates. The frequencies are the model's own RoPE's
+    (its `rope_parameters`, YaRN or Llama 3 scaling included), not those of a scaling swapped in at evaluation time:
+    a pair trained without rotation stays so."""
+    if config.rope_max_wavelength is None:
+        return None
+    rope_type = config.rope_parameters.get("rope_type", "default")
+    if rope_type == "default":
+        inv_freq, _ = LlamaRotaryEmbedding.compute_default_rope_parameters(config)
+    else:
+        inv_freq, _ = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+    return (2 * math.pi / inv_freq.double() <= config.rope_max_wavelength).repeat(2)  # cos/sin hold each angle twice
+
+
+def band_limited(
+    position_embeddings: tuple[torch.Tensor, torch.Tensor], rotate: torch.Tensor, attention_scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's `(cos, sin)` with the pairs outside `rotate` at angle 0: `cos` there is the rotary embedding's own
+    `attention_scaling` (1, or YaRN's magnitude factor) and `sin` 0, exactly what a zero frequency gives."""
+    cos, sin = position_embeddings
+    rotate = rotate.to(cos.device)
+    return cos.where(rotate, attention_scaling), sin.where(rotate, 0.0)
+
+
+def attention_temperature(position_ids: torch.Tensor, scale: float, length: int) -> torch.Tensor:
+    """Llama 4's log-length query scale `1 + scale * log(floor((p + 1) / length) + 1)` at positions `p`: exactly 1
+    below `length - 1`, then growing with the log of the number of `length`s."""
+    return 1.0 + scale * torch.log1p(torch.floor((position_ids.float() + 1.0) / length))
+
+
 def packed_sequences(position_ids: torch.Tensor, batch_size: int) -> torch.Tensor | None:
     """Sequences packed in the rows of a batch, found where `position_ids` do not step by one (the rule of
     transformers' masks, as `DataCollatorWithFlattening` makes them).
@@ -325,6 +358,16 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
             attention_mask = attention_mask.bool()
         rope = position_embeddings if self.config.rope_mode != "drop" else None
         q, k, v = self.project_qkv(hidden_states, rope)
+        if self.config.path_attn_temperature_scale:
+            position_ids = kwargs.get("position_ids")
+            if position_ids is None:
+                raise ValueError(
+                    "path_attn_temperature_scale needs the position_ids of the tokens (the model passes them)."
+                )
+            temperature = attention_temperature(
+                position_ids, self.config.path_attn_temperature_scale, self.config.attn_temperature_length
+            )
+            q = (q * temperature[..., None, None]).to(q.dtype)
         w = self.w_proj(hidden_states)
         # beta in [0, path_beta_max) (float32): beta > 1 gives H_t a negative eigenvalue
         beta = self.bt_gain(self.config.path_beta_max * self.bt_proj(hidden_states).float().sigmoid())
@@ -639,12 +682,16 @@ class PaTHLlamaModel(PaTHLlamaPreTrainedModel):
 
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+        rope_by_type = dict.fromkeys(self.config.layer_types, position_embeddings)
+        rotate = rope_band(self.config)
+        if rotate is not None and PATH_LAYER_TYPE in rope_by_type:  # critical-band RoPE: PaTH layers only
+            rope_by_type[PATH_LAYER_TYPE] = band_limited(position_embeddings, rotate, self.rotary_emb.attention_scaling)
 
         for decoder_layer in self.layers[: self.config.num_hidden_layers]:
             hidden_states = decoder_layer(
                 hidden_states,
                 attention_mask=mask_mapping[decoder_layer.attention_type],
-                position_embeddings=position_embeddings,
+                position_embeddings=rope_by_type[decoder_layer.attention_type],
                 position_ids=position_ids,
                 cache=cache,
                 use_cache=use_cache,
@@ -680,4 +727,7 @@ __all__ = [
     "PaTHGain",
     "PaTHShortConvolution",
     "init_path_parameters",
+    "attention_temperature",
+    "band_limited",
+    "rope_band",
 ]

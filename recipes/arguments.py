@@ -24,7 +24,7 @@ from path_hf.arguments import DTYPES, add_arguments, describe_fields, from_argum
 from path_hf.errors import RecipeError
 
 STAGES = ("align", "distill", "lm")
-TRAINABLE = ("path", "attention", "full", "lora")
+TRAINABLE = ("path", "gate", "attention", "full", "lora")
 TRACKERS = ("tensorboard", "jsonl", "wandb")
 
 
@@ -127,8 +127,10 @@ class TrainingArguments:
     trainable: str = field(
         default="path",
         metadata=_help(
-            "path: only the new PaTH parameters; attention: PaTH parameters and q/k/v/o of the PaTH layers; full: "
-            "everything; lora: LoRA on lora_target_modules, the PaTH parameters fully trained, merged at the end",
+            "path: only the new PaTH parameters; gate: only beta and the forget gate (bt_proj, g_proj and their "
+            "gains: long-context tuning of how far attention reaches); attention: PaTH parameters and q/k/v/o of the "
+            "PaTH layers; full: everything; lora: LoRA on lora_target_modules, the PaTH parameters fully trained, "
+            "merged at the end",
             choices=TRAINABLE,
         ),
     )

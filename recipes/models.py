@@ -24,7 +24,7 @@ from path_hf.conversion.convert import convert
 from path_hf.conversion.loading import load_causal_lm, load_config
 from path_hf.conversion.options import RUN_OPTIONS, ConvertOptions
 from path_hf.errors import ConversionError, RecipeError, first_line
-from path_hf.modeling_path_llama import LAYER_PARAMETER, PATH_MODULES
+from path_hf.modeling_path_llama import FORGET_GATE_MODULES, LAYER_PARAMETER, PATH_MODULES
 from path_hf.recipes.arguments import ModelArguments, RecipeConfig, TrainingArguments
 
 
@@ -245,6 +245,10 @@ def trainable_model(student: PaTHLlamaForCausalLM, training: TrainingArguments) 
     return select_trainable(student, training)
 
 
+# training.trainable=gate: how strongly each token transforms (beta) and forgets (the gate), nothing else.
+GATE_MODULES = ("bt_proj", "bt_gain", *FORGET_GATE_MODULES)
+
+
 def select_trainable(model: PaTHLlamaForCausalLM, training: TrainingArguments) -> nn.Module:
     """Freeze what `training.trainable` leaves out; with `lora`, wrap the model with PEFT (LoRA on the chosen
     modules, the PaTH modules fully trained through `modules_to_save`)."""
@@ -280,6 +284,8 @@ def select_trainable(model: PaTHLlamaForCausalLM, training: TrainingArguments) -
             param.requires_grad_(True)
         elif training.trainable == "path":
             param.requires_grad_(_in_path_module(name))
+        elif training.trainable == "gate":
+            param.requires_grad_(_in_path_module(name, GATE_MODULES))
         else:  # attention: everything in the self_attn of PaTH layers
             layer = LAYER_PARAMETER.match(name)
             in_path_layer = layer is not None and int(layer["layer"]) in layers
@@ -287,8 +293,8 @@ def select_trainable(model: PaTHLlamaForCausalLM, training: TrainingArguments) -
     return model
 
 
-def _in_path_module(name: str) -> bool:
-    return any(f".{module}." in f".{name}." for module in PATH_MODULES)
+def _in_path_module(name: str, modules: tuple[str, ...] = PATH_MODULES) -> bool:
+    return any(f".{module}." in f".{name}." for module in modules)
 
 
 def replica_checksums(model: nn.Module, accelerator: Accelerator) -> list[float] | None:

@@ -13,6 +13,13 @@ VARIANTS = {
     "mixed-conv4-lowrank": {"path_layers": [1], "path_conv_size": 4, "path_w_rank": 4},
     "drop-rope": {"rope_mode": "drop"},
     "interleave-rope": {"rope_mode": "interleave"},
+    # critical-band RoPE (two of four pairs turn) and the log-length temperature, past its length from position 5
+    "interleave-band-temperature": {
+        "rope_mode": "interleave",
+        "rope_max_wavelength": 100,
+        "path_attn_temperature_scale": 0.5,
+        "path_attn_temperature_length": 6,
+    },
 }
 
 

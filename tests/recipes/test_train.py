@@ -70,6 +70,7 @@ def test_all_stages_train_only_the_path_parameters_and_track_recovery(tiny_sourc
 @pytest.mark.parametrize(
     "trainable, stage, moved",
     [
+        ("gate", "lm", {"bt_proj", "bt_gain", "g_proj", "g_gain"}),
         ("attention", "distill", {"w_proj", "w_conv1d", "bt_proj", "bt_gain", "q_proj", "k_proj", "v_proj", "o_proj"}),
         (
             "full",
@@ -99,7 +100,8 @@ def test_trainable_sets(tiny_source, tmp_path, trainable, stage, moved):
     out = tmp_path / "run"
     stages = [{"name": stage, "tokens": 64, "learning_rate": 1e-2}]
     training = {"trainable": trainable, "gradient_accumulation_steps": 2, "batch_size": 2}
-    config = recipe_config(tiny_source, out, stages=stages, training=training)
+    model = {"convert": {"rope": "drop", "forget_gate": True}} if trainable == "gate" else {}
+    config = recipe_config(tiny_source, out, stages=stages, training=training, model=model)
     assert run_recipe(config, tmp_path) == 0
     assert changed(weights(out / "converted"), weights(out / "final")) == moved
 
