@@ -394,8 +394,10 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
             w = self.w_conv1d(w, conv_state, seq_pos)
         w = l2_normalize(w.float().view(batch_size, seq_len, self.num_key_value_heads, self.head_dim))
         if self.config.rope_mode == "interleave":  # w turns with the keys: H_t becomes R_t H_t R_t^T
-            cos, sin = (x.float() for x in rope)
-            w = w * cos.unsqueeze(2) + rotate_half(w) * sin.unsqueeze(2)
+            cos, sin = (x.float().unsqueeze(2) for x in rope)
+            # A pure rotation: YaRN's cos/sin carry its magnitude factor (every pair alike), a temperature for q.k that
+            # would stretch w off the unit sphere and H_t off a reflection (beta times that factor squared).
+            w = (w * cos + rotate_half(w) * sin) / torch.hypot(cos[..., :1], sin[..., :1])
 
         if static_decode or (past > 0 and seq_len == 1):
             o = self._decode_step(q, k, v, w, beta, g, attention_mask=attention_mask, cache_layer=cache_layer)

@@ -148,3 +148,25 @@ def test_fields_round_trip(tmp_path):
     assert loaded.config.rope_max_wavelength == 100.0 and loaded.config.path_attn_temperature_scale == 0.1
     ids = random_tokens(1, 12)
     torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
+def test_yarn_turns_w_without_stretching_it():
+    """Under YaRN, RoPE's cos/sin carry a magnitude factor (0.1 ln(s) + 1) meant for q.k; with rope_mode="interleave"
+    w is turned by the same angles but must stay a unit vector, so that H_t stays a reflection: the layer equals the
+    reference with w turned by the unscaled angles."""
+    from tests.models.test_modeling_path_llama import reference_path_layer
+
+    rope_parameters = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0, "original_max_position_embeddings": 8}
+    model = tiny_model(rope_mode="interleave", rope_parameters=rope_parameters).double()
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(2, 21, model.config.hidden_size, dtype=torch.float64)
+    position_ids = torch.arange(21)[None]
+    cos, sin = model.model.rotary_emb(x, position_ids)
+    scaling = model.model.rotary_emb.attention_scaling
+    assert scaling > 1.2
+    out, _ = attn(x, position_embeddings=(cos, sin), position_ids=position_ids)
+    # the reference turns q and k with the scaled cos/sin, and w with the same angles at unit magnitude
+    q_k = reference_path_layer(attn, x, (cos, sin), w_cos_sin=(cos / scaling, sin / scaling))
+    assert ((out - q_k).abs().max() / q_k.abs().max()).item() < 1e-6  # RoPE computes its angles in float32
+    stretched = reference_path_layer(attn, x, (cos, sin))
+    assert ((out - stretched).abs().max() / stretched.abs().max()).item() > 1e-3

@@ -205,8 +205,9 @@ def test_checkpoint_with_the_gains_in_the_projections_loads(tmp_path):
     assert load_file(tmp_path / "resaved" / "model.safetensors").keys() == model.state_dict().keys()
 
 
-def reference_path_layer(attn: PaTHLlamaAttention, x: torch.Tensor, cos_sin) -> torch.Tensor:
-    """A PaTH layer written out from its parameters, with naive_path_attention (token by token)."""
+def reference_path_layer(attn: PaTHLlamaAttention, x: torch.Tensor, cos_sin, w_cos_sin=None) -> torch.Tensor:
+    """A PaTH layer written out from its parameters, with naive_path_attention (token by token); `w_cos_sin`: the
+    RoPE that turns w with rope_mode="interleave" (default: `cos_sin`)."""
     config = attn.config
     B, T, _ = x.shape
     H, D = config.num_key_value_heads, config.head_dim
@@ -224,7 +225,7 @@ def reference_path_layer(attn: PaTHLlamaAttention, x: torch.Tensor, cos_sin) -> 
         q, k = apply_rotary_pos_emb(q, k, *cos_sin, unsqueeze_dim=2)
     elif config.rope_mode == "interleave":
         q, k = apply_rotary_pos_emb(q, k, *cos_sin, unsqueeze_dim=2)
-        w = apply_rotary_pos_emb(w, w, *cos_sin, unsqueeze_dim=2)[0]
+        w = apply_rotary_pos_emb(w, w, *(w_cos_sin or cos_sin), unsqueeze_dim=2)[0]
     beta = config.path_beta_max * torch.sigmoid(F.linear(x, attn.bt_proj.weight, attn.bt_proj.bias))
     g = None
     if config.path_forget_gate:
