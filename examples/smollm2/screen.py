@@ -1,0 +1,140 @@
+# Copyright 2026 The path-hf authors. Apache-2.0.
+"""A long-context comparison of model variants under one fixed protocol, each evaluation a one-thread process.
+
+```
+python examples/smollm2/screen.py examples/smollm2/screens/no-training.yaml --output runs/screen/no-training
+```
+
+The screen file names the texts, the lengths, the tokens read and the rows; a row is a model (`{gguf}`, `{converted}`
+and `{recovered}` stand for `make smollm2`'s files under `--smollm2`, default runs/smollm2), optionally with a RoPE
+scaling (`@yarn`, as `path-hf eval` takes it) and config fields changed for the evaluation (`config:`; the variant is
+a folder of links to the checkpoint's files beside its own config.json, made under the output). Every (row, text,
+length) is one `path-hf eval` run with OMP_NUM_THREADS=1, `--jobs` at once (default: one per core), so the whole
+table comes from one run on an equal footing, and each cell records its CPU minutes. Cells already written are kept
+(an interrupted screen resumes). Writes `screen.json` (every cell, the protocol) and `screen.md` (the table) in the
+output folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXTS = {
+    "python-docs": "examples/default_model/data/eval.jsonl.xz",
+    "copyright-does-not-exist": "examples/data/copyright_does_not_exist/eval.jsonl.xz",
+}
+GGUF = "download/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def resolve(spec: str, smollm2: Path) -> str:
+    places = {"gguf": smollm2 / GGUF, "converted": smollm2 / "converted", "recovered": smollm2 / "train" / "final"}
+    return spec.format(**{name: os.path.relpath(path, ROOT) for name, path in places.items()})
+
+
+def variant(model: str, fields: dict, folder: Path) -> str:
+    """A checkpoint folder of links to `model`'s files, with `fields` changed in its config.json."""
+    path, at, scaling = model.partition("@")
+    source = ROOT / path
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        if item.name != "config.json" and not (folder / item.name).exists():
+            (folder / item.name).symlink_to(item.resolve())
+    config = json.loads((source / "config.json").read_text())
+    unknown = [name for name in fields if name not in config]
+    if unknown:
+        raise SystemExit(f"error: config fields {unknown} are not in {path}/config.json")
+    (folder / "config.json").write_text(json.dumps({**config, **fields}, indent=2) + "\n")
+    return os.path.relpath(folder, ROOT) + at + scaling
+
+
+def cell(row: dict, text: str, length: int, screen: dict, out: Path, model: str) -> dict:
+    """One `path-hf eval` run at one thread; its JSON is kept in `out/cells/`."""
+    output = out / "cells" / f"{slug(row['label'])}--{text}--{length}.json"
+    if not output.is_file():
+        command = [sys.executable, "-m", "path_hf.cli", "eval", "--data", TEXTS[text], "--force", "--no-progress"]
+        command += ["--lengths", str(length), "--max-tokens", str(screen["max_tokens"]), "--batch-size", "1"]
+        command += ["--passkey-trials", str(screen.get("passkey_trials", 0))]
+        command += ["--train-length", str(screen["train_length"]), "--output", str(output)]
+        command += ["--model", f"{row['label']}={model}"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        started = time.perf_counter()
+        log = out / "logs" / f"{output.stem}.log"
+        with open(log, "w") as stream:
+            done = subprocess.run(command, cwd=ROOT, env=env, stdout=stream, stderr=subprocess.STDOUT)
+        if done.returncode:
+            return {"row": row["label"], "text": text, "length": length, "error": f"exit {done.returncode}, {log}"}
+        report = json.loads(output.read_text())
+        report["cpu_minutes"] = round((time.perf_counter() - started) / 60, 2)
+        output.write_text(json.dumps(report, indent=2) + "\n")
+    report = json.loads(output.read_text())
+    entry = report["models"][row["label"]]["lengths"][str(length)]
+    print(f"{row['label']:<40} {text:<26} {length:>6}  ppl {entry['ppl']:8.3f}  {report['cpu_minutes']:6.1f} min",
+          flush=True)  # fmt: skip
+    return {"row": row["label"], "text": text, "length": length, "ppl": entry["ppl"], "tokens": entry["tokens"],
+            "cpu_minutes": report["cpu_minutes"]}  # fmt: skip
+
+
+def table(screen: dict, cells: list[dict]) -> str:
+    columns = [(text, length) for text in screen["texts"] for length in screen["lengths"]]
+    found = {(c["row"], c["text"], c["length"]): c for c in cells}
+    lines = ["| row | training tokens | " + " | ".join(f"{t} {n}" for t, n in columns) + " | CPU min |"]
+    lines.append("|---|---:|" + "---:|" * len(columns) + "---:|")
+    for row in screen["rows"]:
+        got = [found.get((row["label"], t, n), {}) for t, n in columns]
+        values = [f"{c['ppl']:.2f}" if "ppl" in c else "error" for c in got]
+        minutes = sum(c.get("cpu_minutes", 0) for c in got)
+        lines.append(
+            f"| {row['label']} | {row.get('training_tokens', 0):,} | " + " | ".join(values) + f" | {minutes:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("screen", type=Path, help="the screen's YAML file (examples/smollm2/screens/)")
+    parser.add_argument("--output", type=Path, required=True, help="folder of the cells, screen.json and screen.md")
+    parser.add_argument("--smollm2", type=Path, default=ROOT / "runs" / "smollm2", help="make smollm2's output")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="evaluations at once (default: cores)")
+    args = parser.parse_args(argv)
+    screen = yaml.safe_load(args.screen.read_text())
+    out = args.output.resolve()
+    (out / "cells").mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(exist_ok=True)
+    models = {}
+    for row in screen["rows"]:
+        model = resolve(row["model"], args.smollm2.resolve())
+        if row.get("config"):
+            model = variant(model, row["config"], out / "models" / slug(row["label"]))
+        models[row["label"]] = model
+    jobs = [(row, text, length) for row in screen["rows"] for text in screen["texts"] for length in screen["lengths"]]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        cells = list(pool.map(lambda job: cell(*job, screen, out, models[job[0]["label"]]), jobs))
+    protocol = {key: screen[key] for key in ("texts", "lengths", "max_tokens", "train_length")}
+    protocol["texts"] = {text: TEXTS[text] for text in screen["texts"]}
+    result = {"screen": os.path.relpath(args.screen.resolve(), ROOT), "protocol": protocol, "rows": screen["rows"]}
+    result["models"] = models
+    result["cells"] = cells
+    (out / "screen.json").write_text(json.dumps(result, indent=2) + "\n")
+    markdown = table(screen, cells)
+    (out / "screen.md").write_text(markdown)
+    print(markdown)
+    return 1 if any("error" in c for c in cells) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
