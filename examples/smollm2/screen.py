@@ -6,7 +6,8 @@ python examples/smollm2/screen.py examples/smollm2/screens/no-training.yaml --ou
 ```
 
 The screen file names the texts, the lengths, the tokens read and the rows; a row is a model (`{gguf}`, `{converted}`
-and `{recovered}` stand for `make smollm2`'s files under `--smollm2`, default runs/smollm2), optionally with a RoPE
+and `{recovered}` stand for `make smollm2`'s files under `--smollm2`, default runs/smollm2, and `{band}` for `--band`,
+the critical-band run's final model), optionally with a RoPE
 scaling (`@yarn`, as `path-hf eval` takes it) and config fields changed for the evaluation (`config:`; the variant is
 a folder of links to the checkpoint's files beside its own config.json, made under the output). Every (row, text,
 length) is one `path-hf eval` run with OMP_NUM_THREADS=1, `--jobs` at once (default: one per core), so the whole
@@ -41,8 +42,9 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def resolve(spec: str, smollm2: Path) -> str:
+def resolve(spec: str, smollm2: Path, band: Path) -> str:
     places = {"gguf": smollm2 / GGUF, "converted": smollm2 / "converted", "recovered": smollm2 / "train" / "final"}
+    places["band"] = band
     return spec.format(**{name: os.path.relpath(path, ROOT) for name, path in places.items()})
 
 
@@ -109,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("screen", type=Path, help="the screen's YAML file (examples/smollm2/screens/)")
     parser.add_argument("--output", type=Path, required=True, help="folder of the cells, screen.json and screen.md")
     parser.add_argument("--smollm2", type=Path, default=ROOT / "runs" / "smollm2", help="make smollm2's output")
+    parser.add_argument(
+        "--band", type=Path, default=ROOT / "runs" / "band" / "train" / "final", help="the critical-band run's model"
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="evaluations at once (default: cores)")
     args = parser.parse_args(argv)
     screen = yaml.safe_load(args.screen.read_text())
@@ -117,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "logs").mkdir(exist_ok=True)
     models = {}
     for row in screen["rows"]:
-        model = resolve(row["model"], args.smollm2.resolve())
+        model = resolve(row["model"], args.smollm2.resolve(), args.band.resolve())
         if row.get("config"):
             model = variant(model, row["config"], out / "models" / slug(row["label"]))
         models[row["label"]] = model

@@ -8,8 +8,9 @@ One implementation for the recipes' recovery tracking, `path-hf eval` and the de
 - `scoring`: perplexity over windows of `context_length` tokens (non-overlapping, or sliding by `stride` with each
   token scored once); the model scores every token of a window but the first from the tokens before it in the same
   window, also per position in the window (`PerplexityResult.ppl_between`).
-- `passkey`: a five-digit key hidden at a random depth in filler text; a trial counts when greedy decoding after
-  "The pass key is" would write every token of the key.
+- `passkey`: a five-digit key hidden at a random depth (or at given depths) in filler text; a trial counts when
+  greedy decoding after "The pass key is" would write every token of the key. Scored in one forward pass, with logits
+  formed only at the answer's positions.
 - `rope`: `rope_scaling(model, "yarn", factor=4)` swaps the model's rotary embedding for one built with transformers'
   own `rope_parameters` of that type, for the duration of a `with` block.
 - `plots`: perplexity against context length, recovery against training tokens.
@@ -38,6 +39,7 @@ from .passkey import (
     PASSKEY_INTRO,
     PASSKEY_NEEDLE,
     PASSKEY_QUESTION,
+    accuracy_by_depth,
     answer_accuracy,
     passkey_accuracy,
     passkey_windows,
@@ -65,6 +67,7 @@ __all__ = [
     "PerplexityResult",
     "ROPE_SCALING_TYPES",
     "Window",
+    "accuracy_by_depth",
     "answer_accuracy",
     "attends_causally",
     "data_files",

@@ -101,6 +101,29 @@ def parse_lengths(spec: str) -> tuple[int, ...]:
     return tuple(lengths)
 
 
+def parse_depths(spec: str) -> tuple[float, ...]:
+    """`"0.1,0.5,0.9"` -> `(0.1, 0.5, 0.9)`: distinct relative depths of the passkey needle in [0, 1], sorted."""
+    try:
+        depths = sorted({float(part) for part in spec.split(",") if part.strip()})
+    except ValueError:
+        raise ValueError(
+            f"--passkey-depths {spec!r} is not a comma-separated list of numbers such as 0.1,0.5,0.9"
+        ) from None
+    if not depths:
+        raise ValueError(f"--passkey-depths {spec!r}: give one or more depths between 0 and 1, such as 0.1,0.5,0.9")
+    _check_depths(depths)
+    return tuple(depths)
+
+
+def _check_depths(depths) -> None:
+    for depth in depths:
+        if not 0.0 <= depth <= 1.0:  # nan too
+            raise ValueError(
+                f"--passkey-depths: each depth must be between 0 (right after the intro) and 1 (right before the "
+                f"question), got {depth:g}"
+            )
+
+
 @dataclass(kw_only=True)
 class EvalOptions:
     """Everything `path-hf eval` was asked to do: one field per flag (`path_hf.arguments`)."""
@@ -155,6 +178,16 @@ class EvalOptions:
         default=20,
         metadata={"metavar": "N", "help": "passkey prompts per length; 0 skips the test (default: %(default)s)"},
     )
+    passkey_depths: tuple[float, ...] | None = field(
+        default=None,
+        metadata={
+            "parse": parse_depths,
+            "metavar": "D,D,...",
+            "help": "put each passkey trial's key at each of these relative depths in [0, 1] (0: right after the "
+            "intro, 1: right before the question) and report the accuracy per depth too (default: one random depth "
+            "per trial)",
+        },
+    )
     seed: int = field(default=0, metadata={"help": "seed of the passkey prompts (default: %(default)s)"})
     train_length: int | None = field(
         default=None,
@@ -191,6 +224,13 @@ class EvalOptions:
             value = getattr(self, option.name)
             if minimum is not None and value is not None and value < minimum:
                 raise EvaluationError(f"{option_flag(option)} must be at least {minimum} ({meaning}), got {value}")
+        if self.passkey_depths is not None:
+            if not self.passkey_depths:
+                raise EvaluationError("--passkey-depths is empty: give one or more depths between 0 and 1")
+            try:
+                _check_depths(self.passkey_depths)
+            except ValueError as error:
+                raise EvaluationError(str(error)) from None
         if self.stride is not None and self.stride > self.lengths[0]:
             raise EvaluationError(
                 f"--stride {self.stride} must be between 1 and the shortest length ({self.lengths[0]}): each "
@@ -498,7 +538,7 @@ def _model(spec: ModelSpec, options: EvalOptions, device: str):
 
 def _measure(model, tokenizer, stream: list[int], length: int, factor: float | None, options: EvalOptions) -> dict:
     """Perplexity (and passkey accuracy) of `model` as it is at one context length (`factor`: its RoPE scaling's)."""
-    from path_hf.evaluation import make_windows, passkey_accuracy, score_windows
+    from path_hf.evaluation import accuracy_by_depth, answer_accuracy, make_windows, passkey_windows, score_windows
 
     windows = make_windows(stream, length, options.stride)
     result = score_windows(model, windows, options.batch_size, progress=options.progress)
@@ -513,18 +553,20 @@ def _measure(model, tokenizer, stream: list[int], length: int, factor: float | N
     if factor is not None:
         entry["rope_factor"] = factor
     if options.passkey_trials:
+        depths = options.passkey_depths
         try:
-            entry["passkey"] = passkey_accuracy(
-                model,
-                tokenizer,
-                context_length=length,
-                trials=options.passkey_trials,
-                seed=options.seed,
-                batch_size=options.batch_size,
-                progress=options.progress,
-            )
+            prompts = passkey_windows(tokenizer, length, options.passkey_trials, options.seed, depths)
         except ValueError as error:  # a length too short for the prompt
             entry["passkey"], entry["passkey_error"] = None, str(error)
+            if depths:
+                entry["passkey_by_depth"] = None
+            return entry
+        correct = answer_accuracy(model, prompts, options.batch_size, progress=options.progress)
+        entry["passkey"] = sum(correct) / len(correct)
+        if depths:
+            entry["passkey_by_depth"] = {
+                str(depth): value for depth, value in accuracy_by_depth(correct, depths).items()
+            }
     return entry
 
 
@@ -630,6 +672,7 @@ def run_eval(options: EvalOptions) -> dict:
         "windowing": f"sliding windows, stride {options.stride}" if options.stride else "non-overlapping windows",
         "stride": options.stride,
         "passkey_trials": options.passkey_trials,
+        "passkey_depths": list(options.passkey_depths) if options.passkey_depths else None,
         "seed": options.seed,
         "dtype": options.dtype,
         "models": {},
@@ -662,4 +705,4 @@ def run_eval(options: EvalOptions) -> dict:
     return report
 
 
-__all__ = ["EvalOptions", "ModelSpec", "format_table", "parse_lengths", "run_eval"]
+__all__ = ["EvalOptions", "ModelSpec", "format_table", "parse_depths", "parse_lengths", "run_eval"]

@@ -1,6 +1,7 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
-"""Passkey retrieval: a five-digit key hidden at a random depth in filler text of about `context_length` tokens; a
-trial counts when greedy decoding after "The pass key is" would write every token of the key."""
+"""Passkey retrieval: a five-digit key hidden at a random depth (or at given depths) in filler text of about
+`context_length` tokens; a trial counts when greedy decoding after "The pass key is" would write every token of the
+key."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .scoring import IGNORE_INDEX, Window, eval_mode, forward_logits, progress_bar, window_batches
+from .scoring import IGNORE_INDEX, Window, eval_mode, position_logits, progress_bar, window_batches
 
 PASSKEY_INTRO = (
     "There is an important piece of information hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -22,15 +23,37 @@ PASSKEY_NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 PASSKEY_QUESTION = "\nWhat is the pass key? The pass key is"
 
 
-def passkey_windows(tokenizer, context_length: int, trials: int = 20, seed: int = 0) -> list[Window]:
-    """`trials` passkey prompts of at most `context_length` tokens, each a `Window` whose labels are the key's tokens
-    (the answer after "The pass key is") and `IGNORE_INDEX` elsewhere.
+def passkey_windows(
+    tokenizer, context_length: int, trials: int = 20, seed: int = 0, depths: Sequence[float] | None = None
+) -> list[Window]:
+    """Passkey prompts of at most `context_length` tokens, each a `Window` whose labels are the key's tokens (the
+    answer after "The pass key is") and `IGNORE_INDEX` elsewhere.
 
-    Each prompt is the intro, filler sentences with the needle (a random five-digit key, stated twice) at a uniformly
-    random depth, and the question; the pieces are tokenised apart and joined as ids, so no token crosses a piece.
-    Trial i draws its key and depth from `random.Random(seed + i)`: the same prompts for every model with the same
-    tokenizer.
+    Each prompt is the intro, filler sentences with the needle (a random five-digit key, stated twice) among them, and
+    the question; the pieces are tokenised apart and joined as ids, so no token crosses a piece. Trial i draws its key
+    from `random.Random(seed + i)`: the same prompts for every model with the same tokenizer.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        context_length: the most tokens a prompt (answer included) may have; as many filler repeats as fit.
+        trials: keys to hide.
+        seed: seed of the keys (and of the depths, when `depths` is `None`).
+        depths: `None`: one prompt per trial, the needle at a uniformly random depth (drawn from the same generator
+            as the key). Otherwise one prompt per trial and depth, trial by trial (`trials * len(depths)` windows,
+            window `j` at `depths[j % len(depths)]`), each depth in [0, 1]: the fraction of the filler before the
+            needle, 0 right after the intro, 1 right before the question, rounded to a whole filler repeat.
+
+    Raises:
+        ValueError: a depth outside [0, 1], or `context_length` too short for a prompt.
     """
+    if depths is not None:
+        depths = [float(depth) for depth in depths]
+        if not depths:
+            raise ValueError("depths is empty: give at least one passkey depth, or None for random depths")
+        if bad := [depth for depth in depths if not 0.0 <= depth <= 1.0]:
+            raise ValueError(
+                f"passkey depths must be in [0, 1] (0: after the intro, 1: before the question), got {bad[0]}"
+            )
 
     def ids(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -49,12 +72,13 @@ def passkey_windows(tokenizer, context_length: int, trials: int = 20, seed: int 
                 f"context_length {context_length} is too short for a passkey prompt: it needs at least "
                 f"{context_length - room + len(filler)} tokens with this tokenizer"
             )
-        before = rng.randint(0, repeats)
-        prompt = prefix + intro + filler * before + needle + filler * (repeats - before) + question
-        input_ids = torch.tensor(prompt + answer, dtype=torch.long)
-        labels = torch.full_like(input_ids, IGNORE_INDEX)
-        labels[len(prompt) :] = input_ids[len(prompt) :]
-        windows.append(Window(input_ids, labels))
+        befores = [rng.randint(0, repeats)] if depths is None else [round(depth * repeats) for depth in depths]
+        for before in befores:
+            prompt = prefix + intro + filler * before + needle + filler * (repeats - before) + question
+            input_ids = torch.tensor(prompt + answer, dtype=torch.long)
+            labels = torch.full_like(input_ids, IGNORE_INDEX)
+            labels[len(prompt) :] = input_ids[len(prompt) :]
+            windows.append(Window(input_ids, labels))
     return windows
 
 
@@ -66,7 +90,8 @@ def answer_accuracy(
 
     Teacher forcing gives the same verdict in one forward pass: greedy decoding writes the answer exactly when, at
     each answer position, the most likely next token is the answer's (the labels must be one contiguous run at the
-    end of the window, as `passkey_windows` makes them).
+    end of the window, as `passkey_windows` makes them). Only the positions that predict a label get logits
+    (`position_logits`): the memory of a forward pass, not of `[batch, length, vocab]` logits.
     """
     correct: list[bool] = []
     batches = progress_bar(
@@ -74,10 +99,13 @@ def answer_accuracy(
     )
     with eval_mode(model) as device:
         for input_ids, attention_mask, labels in batches:
-            predicted = forward_logits(model, input_ids, attention_mask, device)[:, :-1].argmax(-1).cpu()
-            targets = labels[:, 1:]
-            scored = targets != IGNORE_INDEX
-            correct += ((predicted == targets) | ~scored).all(1).tolist()
+            scored = labels[:, 1:] != IGNORE_INDEX  # [B, T-1]: position t predicts the label at t + 1
+            positions = torch.zeros_like(labels, dtype=torch.bool)
+            positions[:, :-1] = scored
+            predicted = position_logits(model, input_ids, attention_mask, positions, device).argmax(-1).cpu()
+            wrong = torch.zeros(len(labels), dtype=torch.bool)
+            wrong[positions.nonzero()[:, 0][predicted != labels[:, 1:][scored]]] = True
+            correct += (~wrong).tolist()
     return correct
 
 
@@ -89,11 +117,23 @@ def passkey_accuracy(
     seed: int = 0,
     batch_size: int = 8,
     progress: bool = False,
+    depths: Sequence[float] | None = None,
 ) -> float:
-    """Fraction of `trials` passkey prompts of about `context_length` tokens whose key `model` retrieves (see
-    `passkey_windows` and `answer_accuracy`)."""
-    correct = answer_accuracy(model, passkey_windows(tokenizer, context_length, trials, seed), batch_size, progress)
+    """Fraction of the passkey prompts of about `context_length` tokens (`trials` of them, or `trials` at each of
+    `depths`) whose key `model` retrieves (see `passkey_windows` and `answer_accuracy`)."""
+    windows = passkey_windows(tokenizer, context_length, trials, seed, depths)
+    correct = answer_accuracy(model, windows, batch_size, progress)
     return sum(correct) / len(correct)
+
+
+def accuracy_by_depth(correct: Sequence[bool], depths: Sequence[float]) -> dict[float, float]:
+    """`{depth: accuracy}` from the verdicts of `passkey_windows(..., depths=depths)` (`answer_accuracy`), in which
+    window `j` is at `depths[j % len(depths)]`."""
+    if not depths or not correct or len(correct) % len(depths):
+        raise ValueError(f"{len(correct)} verdicts are not a whole number of trials at {len(depths)} depths")
+    return {
+        float(depth): sum(correct[i :: len(depths)]) / (len(correct) // len(depths)) for i, depth in enumerate(depths)
+    }
 
 
 __all__ = [
@@ -101,6 +141,7 @@ __all__ = [
     "PASSKEY_INTRO",
     "PASSKEY_NEEDLE",
     "PASSKEY_QUESTION",
+    "accuracy_by_depth",
     "answer_accuracy",
     "passkey_accuracy",
     "passkey_windows",

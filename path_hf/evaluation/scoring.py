@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -159,22 +159,65 @@ def eval_mode(model: nn.Module) -> Iterator[torch.device]:
 _LOGITS_CHUNK = 2048
 
 
-def _has_plain_head(model: nn.Module) -> bool:
-    """Whether `model`'s logits are `lm_head(decoder output)`, with no soft-capping or scaling after the head, so that
-    they can be formed a chunk of positions at a time."""
-    config = getattr(model, "config", None)
-    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None) not in (None, 1, 1.0):
-        return False
+def _output_head(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The map from the last hidden states of `model`'s decoder to its logits, as its forward computes them: the
+    output embedding (`get_output_embeddings()`, an `nn.Linear`), then the final scaling or soft-capping its config
+    states (Cohere's `logit_scale`, Granite's `logits_scaling`, Falcon-H1's `lm_head_multiplier`, Gemma 2's
+    `final_logit_softcapping`). Applied to some
+    positions only, it forms their logits without the `[B, T, vocab]` of a whole forward. `None` when `model` does
+    not expose a decoder (`get_decoder()`) and a linear output embedding: score it with its own forward."""
     try:
-        return model.get_decoder() is not None and isinstance(model.get_output_embeddings(), nn.Linear)
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
     except (AttributeError, NotImplementedError):
-        return False
+        return None
+    if decoder is None or decoder is model or not isinstance(head, nn.Linear):
+        return None
+    config = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config  # multimodal: the text's
+    scale = getattr(config, "logit_scale", None)  # Cohere: logits * logit_scale
+    divisor = getattr(config, "logits_scaling", None)  # Granite: logits / logits_scaling
+    multiplier = getattr(config, "lm_head_multiplier", None)  # Falcon-H1: logits * lm_head_multiplier
+    cap = getattr(config, "final_logit_softcapping", None)  # Gemma 2 / 3: cap * tanh(logits / cap)
+
+    def logits(hidden: torch.Tensor) -> torch.Tensor:
+        out = head(hidden)
+        if scale is not None and scale != 1:
+            out = out * scale
+        if divisor is not None and divisor != 1:
+            out = out / divisor
+        if multiplier is not None and multiplier != 1:
+            out = out * multiplier
+        if cap:
+            out = torch.tanh(out / cap) * cap
+        return out
+
+    return logits
+
+
+def _decoder_states(model: nn.Module, input_ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Last hidden states `[B, T, hidden]` of `model`'s decoder (see `_output_head`)."""
+    return model.get_decoder()(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
 
 
 def forward_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, device) -> torch.Tensor:
     """Logits of a right-padded batch; full batches of equal length get no mask."""
     mask = None if bool(attention_mask.all()) else attention_mask.to(device)
     return model(input_ids=input_ids.to(device), attention_mask=mask, use_cache=False).logits
+
+
+def position_logits(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor, device
+) -> torch.Tensor:
+    """Logits `[N, vocab]` at the `N` positions where the boolean `positions` `[B, T]` is true (row by row), of a
+    right-padded batch, for the cost of a forward pass: the output head is applied to those positions' hidden states
+    only (`_output_head`), never to the whole `[B, T, hidden]`. A model that does not expose its decoder and head is
+    run whole (`forward_logits`) and its logits indexed."""
+    head = _output_head(model)
+    if head is None:
+        return forward_logits(model, input_ids, attention_mask, device)[positions.to(device)]
+    mask = None if bool(attention_mask.all()) else attention_mask.to(device)
+    hidden = _decoder_states(model, input_ids.to(device), mask)
+    return head(hidden[positions.to(device)])
 
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -193,10 +236,10 @@ def _token_nll(
     mask = None if bool(attention_mask.all()) else attention_mask.to(device)
     input_ids, targets = input_ids.to(device), targets.to(device)
     nll = token_nll
-    if not _has_plain_head(model):
+    head = _output_head(model)
+    if head is None:
         return nll(model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits[:, :-1], targets)
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state[:, :-1]
-    head = model.get_output_embeddings()
+    hidden = _decoder_states(model, input_ids, mask)[:, :-1]
     return torch.cat(
         [
             nll(head(hidden[:, start : start + _LOGITS_CHUNK]), targets[:, start : start + _LOGITS_CHUNK])

@@ -113,7 +113,7 @@ def test_logits_formed_a_chunk_at_a_time_score_what_the_whole_logits_score(check
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
     expected = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none")
-    assert evaluation._has_plain_head(model)
+    assert evaluation._output_head(model) is not None
     monkeypatch.setattr(evaluation, "_LOGITS_CHUNK", 5)
     with torch.no_grad():
         chunked = evaluation._token_nll(model, ids, mask, targets, "cpu")
