@@ -29,6 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
+from transformers import AutoConfig
+
+import path_hf  # noqa: F401  (registers path_llama with the Auto classes)
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = {
@@ -57,9 +60,10 @@ def variant(model: str, fields: dict, folder: Path) -> str:
         if item.name != "config.json" and not (folder / item.name).exists():
             (folder / item.name).symlink_to(item.resolve())
     config = json.loads((source / "config.json").read_text())
-    unknown = [name for name in fields if name not in config]
+    known = set(config) | set(AutoConfig.for_model(config["model_type"]).to_dict())  # a saved config omits defaults
+    unknown = [name for name in fields if name not in known]
     if unknown:
-        raise SystemExit(f"error: config fields {unknown} are not in {path}/config.json")
+        raise SystemExit(f"error: {config['model_type']} configs have no fields {unknown} ({path}/config.json)")
     (folder / "config.json").write_text(json.dumps({**config, **fields}, indent=2) + "\n")
     return os.path.relpath(folder, ROOT) + at + scaling
 

@@ -1,0 +1,61 @@
+"""examples/smollm2/screen.py on a tiny checkpoint: config variants as linked folders, one eval process a cell, the
+table, and cells kept on a rerun."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SCREEN = ROOT / "examples" / "smollm2" / "screen.py"
+
+
+def run_screen(screen: dict, tmp_path: Path) -> subprocess.CompletedProcess:
+    path = tmp_path / "screen.yaml"
+    path.write_text(yaml.safe_dump(screen))
+    command = [sys.executable, SCREEN, path, "--output", tmp_path / "out", "--jobs", "2"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+def test_screen_of_a_config_variant(checkpoints, tmp_path):
+    model = str(checkpoints["path"])
+    hot = {"path_attn_temperature_scale": 2.0, "path_attn_temperature_length": 8}
+    screen = {
+        "texts": ["python-docs"],
+        "lengths": [32, 64],
+        "max_tokens": 128,
+        "train_length": 32,
+        "rows": [{"label": "plain", "model": model}, {"label": "hot", "model": model, "config": hot}],
+    }
+    done = run_screen(screen, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = tmp_path / "out"
+    variant = out / "models" / "hot"
+    assert json.loads((variant / "config.json").read_text()).items() >= hot.items()
+    assert (variant / "model.safetensors").resolve() == (checkpoints["path"] / "model.safetensors").resolve()
+    result = json.loads((out / "screen.json").read_text())
+    cells = {(c["row"], c["length"]): c for c in result["cells"]}
+    assert set(cells) == {("plain", 32), ("plain", 64), ("hot", 32), ("hot", 64)}
+    assert all(c["cpu_minutes"] >= 0 and c["tokens"] > 0 for c in cells.values())
+    assert cells["hot", 64]["ppl"] != cells["plain", 64]["ppl"]  # the temperature acts past position 7
+    table = (out / "screen.md").read_text()
+    assert "| plain | 0 |" in table and "| hot | 0 |" in table
+
+    cell_files = sorted((out / "cells").iterdir())
+    stamps = [path.stat().st_mtime_ns for path in cell_files]
+    again = run_screen(screen, tmp_path)  # every cell is there: nothing is evaluated again
+    assert again.returncode == 0 and [path.stat().st_mtime_ns for path in cell_files] == stamps
+
+
+def test_screen_refuses_an_unknown_config_field(checkpoints, tmp_path):
+    screen = {
+        "texts": ["python-docs"],
+        "lengths": [32],
+        "max_tokens": 64,
+        "train_length": 32,
+        "rows": [{"label": "typo", "model": str(checkpoints["path"]), "config": {"path_attn_temprature": 1}}],
+    }
+    done = run_screen(screen, tmp_path)
+    assert done.returncode != 0 and "path_attn_temprature" in done.stderr
