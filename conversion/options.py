@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -18,6 +19,8 @@ from path_hf.errors import ConversionError
 # 5e-3, a misplaced one 1 to 10 (conversion/README.md).
 VERIFY_TOLERANCE = 1e-6
 _DEFAULT_SHARD_SIZE = "5GB"
+# `--rope-max-wavelength context`: the source's own training context (`plan.source_context`).
+CONTEXT = "context"
 # Options of running the command rather than of the checkpoint it writes: a recipe's `model.convert` cannot set them.
 RUN_OPTIONS = ("source", "output", "dry_run", "verify", "force", "debug")
 # Options left out of the conversion record (`config.path_conversion`): those, and where the source comes from and how
@@ -53,6 +56,29 @@ def format_layers(layers) -> str:
 def parse_size(size: str) -> int:
     """`"5GB"`, `"500MiB"` or a number of bytes -> bytes."""
     return int(size) if size.isdigit() else convert_file_size_to_int(size)
+
+
+def check_wavelength(value) -> float | str | None:
+    """The value of `--rope-max-wavelength` (a flag's text, or a recipe's number or word): a positive, finite number
+    of tokens as a float, `CONTEXT`, or None; anything else raises `ConversionError`."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() == CONTEXT:
+            return CONTEXT
+        try:
+            value = float(text)
+        except ValueError:
+            value = text
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConversionError(
+            f"--rope-max-wavelength must be a number of tokens or {CONTEXT!r} (the source's training context), got "
+            f"{value!r}."
+        )
+    if not (math.isfinite(value) and value > 0):
+        raise ConversionError(f"--rope-max-wavelength must be a positive number of tokens, got {value:g}.")
+    return float(value)
 
 
 def format_size(nbytes: int) -> str:
@@ -91,6 +117,35 @@ class ConvertOptions:
             "by one position sits between consecutive transforms and the logits do not depend on where the tokens "
             "stand. With keep or interleave and --init identity the model computes what the source did "
             "(default: %(default)s)",
+        },
+    )
+    rope_max_wavelength: float | str | None = field(
+        default=PaTHLlamaConfig.rope_max_wavelength,
+        metadata={
+            "parse": str,  # a number or the word `context`, checked by `check_wavelength`
+            "metavar": "TOKENS",
+            "help": "critical-band partial RoPE, with --rope keep or interleave: PaTH layers rotate only the RoPE "
+            "pairs whose wavelength 2 pi / inv_freq (the source's own RoPE) is at most TOKENS, and leave the slower "
+            f"ones unrotated; layers outside --layers keep every pair. {CONTEXT!r}: the source's training context "
+            "(original_max_position_embeddings of its RoPE parameters, else max_position_embeddings) "
+            "(default: every pair rotates)",
+        },
+    )
+    attn_temperature_scale: float = field(
+        default=PaTHLlamaConfig.path_attn_temperature_scale,
+        metadata={
+            "metavar": "S",
+            "help": "Llama 4's log-length attention temperature on the PaTH layers: the query at position p is "
+            "multiplied by 1 + S log(floor((p + 1) / L) + 1), exactly 1 on the first L - 1 tokens; 0 turns it off "
+            "(default: %(default)s)",
+        },
+    )
+    attn_temperature_length: int | None = field(
+        default=PaTHLlamaConfig.path_attn_temperature_length,
+        metadata={
+            "metavar": "L",
+            "help": "the L of --attn-temperature-scale, in tokens (default: the source's training context, as for "
+            f"--rope-max-wavelength {CONTEXT})",
         },
     )
     forget_gate: bool = field(
@@ -176,7 +231,9 @@ class ConvertOptions:
         metadata={
             "help": "check the converted model against the source before it is moved into place: both run in float64, "
             "the converted one with RoPE kept and the transforms at identity, and max |logits - source logits| / "
-            f"std(source logits) must be at most {VERIFY_TOLERANCE:g}; prints both perplexities"
+            f"std(source logits) must be at most {VERIFY_TOLERANCE:g}; prints both perplexities. With "
+            "--rope-max-wavelength or --attn-temperature-scale the reference is the source (transformers' model) with "
+            "the same RoPE pairs at frequency 0 and the same query temperature, applied by hand"
         },
     )
     force: bool = field(
@@ -198,15 +255,38 @@ class ConvertOptions:
             raise ConversionError(f"--w-rank must be a positive integer, got {self.w_rank}.")
         if self.conv_size < 0:
             raise ConversionError(f"--conv-size must be >= 0 (0 turns the convolution off), got {self.conv_size}.")
+        self.rope_max_wavelength = check_wavelength(self.rope_max_wavelength)
+        if self.rope_max_wavelength is not None and self.rope == "drop":
+            raise ConversionError(
+                "--rope-max-wavelength limits the RoPE that PaTH layers keep, but --rope drop removes it: use --rope "
+                "keep or --rope interleave with it."
+            )
+        if isinstance(self.attn_temperature_length, float) and self.attn_temperature_length.is_integer():
+            self.attn_temperature_length = int(self.attn_temperature_length)  # a recipe's 8192.0
+        scale, length = self.attn_temperature_scale, self.attn_temperature_length
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale >= 0:
+            raise ConversionError(
+                f"--attn-temperature-scale must be a number >= 0 (0 turns the temperature off), got {scale!r}."
+            )
+        if length is not None:
+            if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+                raise ConversionError(f"--attn-temperature-length must be a positive number of tokens, got {length!r}.")
+            if not scale:
+                raise ConversionError(
+                    "--attn-temperature-length sets where the temperature starts to grow: it needs "
+                    "--attn-temperature-scale."
+                )
         if self.max_shard_size < 1:
             raise ConversionError(f"--max-shard-size must be positive, got {self.max_shard_size}.")
 
 
 __all__ = [
+    "CONTEXT",
     "RUN_OPTIONS",
     "UNRECORDED_OPTIONS",
     "VERIFY_TOLERANCE",
     "ConvertOptions",
+    "check_wavelength",
     "format_layers",
     "format_size",
     "parse_layers",

@@ -23,7 +23,7 @@ from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS
 
 from path_hf import PaTHLlamaConfig
 from path_hf.errors import ConversionError
-from path_hf.modeling_path_llama import LAYER_PARAMETER
+from path_hf.modeling_path_llama import LAYER_PARAMETER, rope_band
 
 from .architectures import (
     Architecture,
@@ -35,7 +35,7 @@ from .architectures import (
     path_config_from,
 )
 from .io import SourceTensor, SourceWeights, TensorMeta, find_weight_files, split_into_shards
-from .options import UNRECORDED_OPTIONS, ConvertOptions, format_layers, format_size
+from .options import CONTEXT, UNRECORDED_OPTIONS, ConvertOptions, format_layers, format_size
 from .sources import WEIGHT_SUFFIXES, Source, fetch_weights, follow_links, links_outside, resolve_source
 from .staging import check_destination, check_disk_space
 
@@ -109,6 +109,10 @@ class ConversionPlan:
             f"add:          {len(added)} tensors, {sum(math.prod(t.shape) for t in added):,} parameters, "
             f"{format_size(sum(t.nbytes for t in added))} ({', '.join(added_names)})",
         ]
+        if (band := describe_band(config, context=opts.rope_max_wavelength == CONTEXT)) is not None:
+            lines.append(f"RoPE band:    {band}")
+        if config.path_attn_temperature_scale:
+            lines.append(f"temperature:  {describe_temperature(config)}")
         if self.ignored:
             lines.append(f"leave out:    {len(self.ignored)} tensor(s): {', '.join(t.name for t in self.ignored)}")
         lines.append(
@@ -116,6 +120,52 @@ class ConversionPlan:
             f"{len(self.extra_files)} tokenizer/other file(s) to {Path(opts.output).resolve()}"
         )
         return "\n".join(lines)
+
+
+def band_pairs(config: PaTHLlamaConfig) -> tuple[list[int], list[int]] | None:
+    """The RoPE frequency pairs that PaTH layers rotate and those they do not (`rope_band`), or None without a
+    band."""
+    rotate = rope_band(config)
+    if rotate is None:
+        return None
+    pairs = rotate[: rotate.numel() // 2].tolist()  # cos/sin hold each pair's angle twice
+    return [i for i, kept in enumerate(pairs) if kept], [i for i, kept in enumerate(pairs) if not kept]
+
+
+def describe_band(config: PaTHLlamaConfig, context: bool = False) -> str | None:
+    """`"pairs 0-19 rotate (wavelength <= 8192 tokens), pairs 20-31 do not"`, or None without a band; `context`: the
+    limit is the source's training context (`--rope-max-wavelength context`)."""
+    if (pairs := band_pairs(config)) is None:
+        return None
+    rotating, still = pairs
+    limit = f"wavelength <= {config.rope_max_wavelength:g} tokens" + (", the source's context" if context else "")
+    if not still:
+        return f"all {len(rotating)} pairs rotate ({limit}: none is slower)"
+    if not rotating:
+        return f"no pair rotates (every wavelength is above {config.rope_max_wavelength:g} tokens)"
+    return f"{_pairs(rotating, 'rotate')} ({limit}), {_pairs(still, 'do not')}"
+
+
+def _pairs(indices: list[int], verb: str) -> str:
+    """`"pairs 0-3 rotate"`, `"pair 7 does not"`."""
+    if len(indices) > 1:
+        return f"pairs {format_layers(indices)} {verb}"
+    return f"pair {indices[0]} {'does not' if verb == 'do not' else verb + 's'}"
+
+
+def describe_temperature(config: PaTHLlamaConfig) -> str:
+    """Llama 4's query temperature as the plan prints it."""
+    scale, length = config.path_attn_temperature_scale, config.attn_temperature_length
+    return (
+        f"PaTH queries x (1 + {scale:g} log(floor((p + 1) / {length}) + 1)), exactly 1 on the first {length - 1} tokens"
+    )
+
+
+def source_context(config: PretrainedConfig) -> int:
+    """The source's training context: `original_max_position_embeddings` of its RoPE parameters if they have one
+    (a RoPE scaled beyond its training), else `max_position_embeddings`."""
+    rope_parameters = getattr(config, "rope_parameters", None) or {}
+    return rope_parameters.get("original_max_position_embeddings") or config.max_position_embeddings
 
 
 def _gate(config: PaTHLlamaConfig) -> str:
@@ -149,11 +199,17 @@ def converted_config(
     options: ConvertOptions, source: Source, architecture: Architecture, source_config: PretrainedConfig
 ) -> PaTHLlamaConfig:
     """The converted model's config: the source's, the options' PaTH fields, and the record of the conversion
-    (`path_conversion`)."""
+    (`path_conversion`, which keeps `--rope-max-wavelength context` as the word; the config holds the number)."""
+    max_wavelength = options.rope_max_wavelength
+    if max_wavelength == CONTEXT:
+        max_wavelength = float(source_context(source_config))
     return path_config_from(
         source_config,
         architecture,
         rope_mode=options.rope,
+        rope_max_wavelength=max_wavelength,
+        path_attn_temperature_scale=options.attn_temperature_scale,
+        path_attn_temperature_length=options.attn_temperature_length,
         path_layers=list(options.layers) if options.layers is not None else None,
         path_forget_gate=options.forget_gate,
         path_forget_gate_bias=options.forget_gate_bias,
@@ -258,11 +314,15 @@ def plan_conversion(options: ConvertOptions, source: Source | None = None) -> Co
 __all__ = [
     "ConversionPlan",
     "OutputTensor",
+    "band_pairs",
     "check_source_links",
     "converted_config",
+    "describe_band",
+    "describe_temperature",
     "extra_files",
     "output_tensors",
     "package_version",
     "plan_conversion",
     "read_source_config",
+    "source_context",
 ]

@@ -13,6 +13,11 @@ same for every model. A failure names the first output that differs (the input e
 norm's, or the logits), which points at the wrong tensor. Logits that hold NaN or Inf (weights converted with
 `--allow-nonfinite`) cannot be compared: the failure says so and names the first output that is not finite.
 
+With `rope_max_wavelength` (critical-band RoPE) or an attention temperature the converted model no longer computes
+the source, so it is compared with a reference built apart from PaTHLlama's code (`SourceReference`): the source as
+transformers builds it, its PaTH layers given RoPE from a copy of its rotary embedding whose slow frequencies are 0,
+and their queries multiplied by Llama 4's temperature in forward hooks.
+
 Memory stays bounded whatever the model size: decoder layers are streamed from the checkpoint files (a layer's
 weights are loaded just before it runs and dropped after), the input embeddings are gathered row by row for the
 tokens used, and the head is applied in blocks of vocabulary rows.
@@ -20,6 +25,7 @@ tokens used, and the head is applied in blocks of vocabulary rows.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Callable
@@ -35,12 +41,13 @@ from transformers.models.mistral.modeling_mistral import MistralRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
+from path_hf import PaTHLlamaConfig
 from path_hf.errors import ConversionError
 from path_hf.evaluation import token_nll
 from path_hf.modeling_path_llama import LAYER_PARAMETER, PATH_GAIN_INIT, PaTHGain
 
 from .io import SourceReader, SourceTensor, SourceWeights
-from .options import VERIFY_TOLERANCE
+from .options import VERIFY_TOLERANCE, format_layers
 from .plan import ConversionPlan
 
 TEXT_FILE = Path(__file__).with_name("verify_text.txt")
@@ -114,14 +121,18 @@ def streamed_logits(
     prepare_layer: Callable[[nn.Module], None] | None = None,
     observe: Observer | None = None,
     dtype: torch.dtype = DTYPE,
+    prepare_model: Callable[[nn.Module], None] | None = None,
 ) -> torch.Tensor:
     """`dtype` logits `[1, T, vocab]` of the causal LM `config` describes, with weights from `load`, holding one
     decoder layer at a time, the embedding rows of `input_ids` and a block of the head, and running the RMSNorms in
-    `dtype` too; `prepare_layer` edits each layer once its weights are loaded, `observe` sees the hidden states
+    `dtype` too; `prepare_model` edits the model once built (its parameters still on the meta device, its RoPE
+    buffers computed), `prepare_layer` each layer once its weights are loaded, `observe` sees the hidden states
     between the stages."""
     with init_empty_weights(include_buffers=False):  # parameters on the meta device, RoPE buffers computed
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.eval()
+    if prepare_model is not None:
+        prepare_model(model)
     for module in model.modules():
         if isinstance(module, _RMS_NORMS):
             module.forward = partial(_rms_norm, module)
@@ -182,6 +193,90 @@ def identity_transforms(layer: nn.Module) -> None:
             module.weight.data.fill_(PATH_GAIN_INIT["identity"])
 
 
+def llama4_temperature(position: int, scale: float, length: int) -> float:
+    """Llama 4's log-length query scale at `position`, written out: `1 + scale * log(floor((p + 1) / length) + 1)`."""
+    return 1 + scale * math.log(math.floor((position + 1) / length) + 1)
+
+
+class SourceReference:
+    """The model `--verify` compares the converted one with: the source as transformers builds it, changed only as
+    the converted `config` asks, without PaTHLlama's code. With `rope_max_wavelength`, each PaTH layer gets its RoPE
+    from a copy of the source's rotary embedding whose `inv_freq` is 0 for the pairs whose wavelength `2 pi /
+    inv_freq` exceeds it (so they never turn; YaRN's magnitude factor stays), through a forward pre-hook on the
+    decoder layer; the other layers keep the source's. With `path_attn_temperature_scale`, a forward hook multiplies
+    each PaTH layer's queries (`q_norm`'s output where there is one, else `q_proj`'s) at position p by
+    `llama4_temperature(p, ...)`. `prepare` is `streamed_logits`' `prepare_model`."""
+
+    def __init__(self, config: PaTHLlamaConfig):
+        self.max_wavelength = config.rope_max_wavelength
+        self.scale = config.path_attn_temperature_scale
+        self.length = config.attn_temperature_length
+        self.path_layers = (
+            list(range(config.num_hidden_layers)) if config.path_layers is None else list(config.path_layers)
+        )
+        self.all_layers = len(self.path_layers) == config.num_hidden_layers
+        self.removed: list[int] = []  # the pairs that do not turn, known once `prepare` has seen the source's RoPE
+        self.factors: list[float] = []  # the temperature at each position, once the model has run
+
+    @property
+    def changed(self) -> bool:
+        """Whether the reference differs from the source."""
+        return bool(self.path_layers) and (self.max_wavelength is not None or bool(self.scale))
+
+    def prepare(self, model: nn.Module) -> None:
+        layers = model.model.layers
+        if self.max_wavelength is not None:
+            banded = copy.deepcopy(model.model.rotary_emb)
+            slow = 2 * math.pi / banded.inv_freq.double() > self.max_wavelength
+            self.removed = slow.nonzero().flatten().tolist()
+            banded.inv_freq[slow] = 0.0
+            for index in self.path_layers:
+                layers[index].register_forward_pre_hook(partial(_band_limited_rope, banded), with_kwargs=True)
+        if self.scale:
+            for index in self.path_layers:
+                attention = layers[index].self_attn
+                queries = attention.q_norm if getattr(attention, "q_norm", None) is not None else attention.q_proj
+                queries.register_forward_hook(self._temperature)
+
+    def _temperature(self, module: nn.Module, args, output: torch.Tensor) -> torch.Tensor:
+        """`output` `[1, T, ...]`, the queries of positions 0 to T-1, times Llama 4's temperature at each."""
+        self.factors = [llama4_temperature(p, self.scale, self.length) for p in range(output.shape[1])]
+        factors = torch.tensor(self.factors, dtype=output.dtype)
+        return output * factors.view(-1, *(1,) * (output.ndim - 2))
+
+    def describe(self) -> str:
+        """`"the source with RoPE pairs 20-31 removed (...)"`: what the converted model is compared with."""
+        if not self.changed:
+            return "the source"
+        where = "" if self.all_layers else f" on its layers {format_layers(self.path_layers)} (the PaTH layers)"
+        changes = []
+        if self.max_wavelength is not None:
+            limit = f"{self.max_wavelength:g} tokens"
+            changes.append(
+                f"RoPE pairs {format_layers(self.removed)} removed (inv_freq set to 0 where 2 pi / inv_freq > {limit})"
+                if self.removed
+                else f"no RoPE pair removed (none has a wavelength above {limit})"
+            )
+        if self.scale:
+            factors = self.factors or [1.0]
+            spread = (
+                f"exactly 1 on these {len(self.factors)} tokens (fewer than {self.length})"
+                if max(factors) == 1
+                else f"{min(factors):.4g} to {max(factors):.4g} on these {len(self.factors)} tokens"
+            )
+            changes.append(
+                f"queries times Llama 4's temperature 1 + {self.scale:g} log(floor((p + 1) / {self.length}) + 1) "
+                f"(forward hooks; {spread})"
+            )
+        return f"the source with {' and '.join(changes)}{where}"
+
+
+def _band_limited_rope(rotary: nn.Module, layer: nn.Module, args, kwargs) -> tuple:
+    """A decoder layer's forward pre-hook: its `position_embeddings` from `rotary` (the band-limited copy)."""
+    hidden_states = args[0] if args else kwargs["hidden_states"]
+    return args, {**kwargs, "position_embeddings": rotary(hidden_states, kwargs["position_ids"])}
+
+
 def _perplexity(logits: torch.Tensor, input_ids: torch.Tensor) -> float:
     return math.exp(token_nll(logits[:, :-1], input_ids[:, 1:]).mean().item())
 
@@ -199,16 +294,19 @@ def verification_input(source_dir: Path, vocab_size: int) -> tuple[torch.Tensor,
 
 
 def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
-    """Check the conversion written to `directory` against its source; returns the logits' relative difference
+    """Check the conversion written to `directory` against its source, or against `SourceReference` when the
+    conversion asks for a RoPE band or an attention temperature; returns the logits' relative difference
     (`relative_difference`).
 
-    Prints the difference and the perplexity of both models on the built-in text. Raises `ConversionError` when
-    the difference exceeds `VERIFY_TOLERANCE` (naming the first stage whose output differs), or when the checkpoint
-    and the model disagree about a tensor.
+    Prints what the reference is, the difference and the perplexity of both models on the built-in text. Raises
+    `ConversionError` when the difference exceeds `VERIFY_TOLERANCE` (naming the first stage whose output differs),
+    or when the checkpoint and the model disagree about a tensor.
     """
     input_ids, is_text = verification_input(plan.source.path, plan.config.vocab_size)
     print(f"verify: running the source and the converted model on {input_ids.shape[1]} tokens in float64", flush=True)
     round_to = {tensor.source.name: tensor.dtype for tensor in plan.tensors if tensor.source is not None}
+    reference = SourceReference(plan.config)
+    source_config = AutoConfig.from_pretrained(plan.source.path)
     source_stages: dict[str, torch.Tensor] = {}
     source_nonfinite: list[str] = []  # the stages whose output holds NaN or Inf, in order
 
@@ -218,13 +316,18 @@ def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
             source_nonfinite.append(stage)
 
     source_logits = streamed_logits(
-        AutoConfig.from_pretrained(plan.source.path),
+        source_config,
         CheckpointTensors(plan.weights, round_to),
         input_ids,
         observe=record,
+        prepare_model=reference.prepare if reference.changed else None,
     )
+    # "source" where the reference is the source, "reference" where it is changed: the words of the messages.
+    name = "reference" if reference.changed else "source"
+    if reference.changed:
+        print(f"verify: reference: {reference.describe()}", flush=True)
 
-    differing: list[str] = []  # the stages whose output differs from the source's, in order
+    differing: list[str] = []  # the stages whose output differs from the reference's, in order
     converted_nonfinite: list[str] = []
 
     def compare(stage: str, hidden_states: torch.Tensor) -> None:
@@ -245,7 +348,7 @@ def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
             f"{sorted(converted.unused)[0]!r}."
         )
     for model, logits, stages in (
-        ("source", source_logits, source_nonfinite),
+        (name, source_logits, source_nonfinite),
         ("converted model", identity_logits, converted_nonfinite),
     ):
         if not logits.isfinite().all():
@@ -257,16 +360,23 @@ def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
             )
     difference = relative_difference(identity_logits, source_logits)
     print(
-        f"verify: max |logits - source logits| / std(source logits) = {difference:.3g} in float64, with RoPE kept "
+        f"verify: max |logits - {name} logits| / std({name} logits) = {difference:.3g} in float64, with RoPE kept "
         f"and the transforms at identity (limit {VERIFY_TOLERANCE:g})",
         flush=True,
     )
     if not difference <= VERIFY_TOLERANCE:
         first = differing[0] if differing else "the logits (the head)"
+        against = f"the reference's ({reference.describe()})" if reference.changed else "the source's"
+        cause = (
+            "the weight mapping is wrong, or the converted model does not apply its RoPE band or temperature as the "
+            "reference does."
+            if reference.changed
+            else "the weight mapping is wrong."
+        )
         raise ConversionError(
-            f"verification failed: the converted model's logits differ from the source's by {difference:.3g} x "
+            f"verification failed: the converted model's logits differ from {against} by {difference:.3g} x "
             f"their std (limit {VERIFY_TOLERANCE:g}; float64, RoPE kept, transforms at identity), first at {first}: "
-            "the weight mapping is wrong."
+            f"{cause}"
         )
 
     if not is_text:
@@ -274,9 +384,14 @@ def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
         return difference
     same_model = config.rope_mode != "drop" and config.path_init == "identity"
     converted_logits = identity_logits if same_model else streamed_logits(config, converted, input_ids)
+    perplexities = [("source", source_logits)]
+    if reference.changed:  # the source as it is too: what the band or the temperature costs before training
+        plain_logits = streamed_logits(source_config, CheckpointTensors(plan.weights, round_to), input_ids)
+        perplexities = [("source", plain_logits), ("reference", source_logits)]
+    shown = ", ".join(f"{label} {_perplexity(logits, input_ids):.3f}" for label, logits in perplexities)
     print(
-        f"verify: perplexity on the built-in text: source {_perplexity(source_logits, input_ids):.3f}, converted "
-        f"{_perplexity(converted_logits, input_ids):.3f} (rope {config.rope_mode}, init {config.path_init})",
+        f"verify: perplexity on the built-in text: {shown}, converted {_perplexity(converted_logits, input_ids):.3f} "
+        f"(rope {config.rope_mode}, init {config.path_init})",
         flush=True,
     )
     return difference
@@ -284,7 +399,9 @@ def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
 
 __all__ = [
     "CheckpointTensors",
+    "SourceReference",
     "identity_transforms",
+    "llama4_temperature",
     "relative_difference",
     "streamed_logits",
     "verification_input",

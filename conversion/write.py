@@ -33,8 +33,8 @@ from .io import (
     value_chunks,
     write_index,
 )
-from .options import format_size
-from .plan import ConversionPlan, OutputTensor, package_version
+from .options import format_layers, format_size
+from .plan import ConversionPlan, OutputTensor, band_pairs, package_version
 
 # Warnings list at most this many tensors holding non-finite values.
 _NAMED_TENSORS = 5
@@ -165,7 +165,24 @@ def model_card(plan: ConversionPlan) -> str:
             "consecutive transforms (the logits depend on the tokens between query and key, not on where they stand)"
         ),
     }.get(config.rope_mode)
-    if kept_rope and config.path_init == "identity":
+    changes = []  # how the PaTH layers differ from the source's attention besides the transforms
+    if (pairs := band_pairs(config)) is not None and pairs[1]:
+        changes.append(
+            f"RoPE pairs {format_layers(pairs[1])} removed (`rope_max_wavelength` {config.rope_max_wavelength:g}: "
+            "they do not rotate)"
+        )
+    if config.path_attn_temperature_scale:
+        changes.append(
+            f"its queries scaled by Llama 4's attention temperature from position {config.attn_temperature_length - 1} "
+            "on"
+        )
+    if kept_rope and config.path_init == "identity" and changes:
+        starting_point = (
+            f"{kept_rope}. Every Householder transform starts at the identity (the `bt_gain` gains are 0), so this "
+            f"model computes exactly what the source model computes with, in its PaTH layers, {' and '.join(changes)}, "
+            "until training moves the new parameters (`--verify` checks this against the source changed so by hand)."
+        )
+    elif kept_rope and config.path_init == "identity":
         starting_point = (
             f"{kept_rope}. Every Householder transform starts at the identity (the `bt_gain` gains are 0), so this "
             "model computes exactly what the source model computes until training moves the new parameters."

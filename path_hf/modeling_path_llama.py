@@ -244,10 +244,14 @@ def band_limited(
     return cos.where(rotate, attention_scaling), sin.where(rotate, 0.0)
 
 
-def attention_temperature(position_ids: torch.Tensor, scale: float, length: int) -> torch.Tensor:
+def attention_temperature(
+    position_ids: torch.Tensor, scale: float, length: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Llama 4's log-length query scale `1 + scale * log(floor((p + 1) / length) + 1)` at positions `p`: exactly 1
-    below `length - 1`, then growing with the log of the number of `length`s."""
-    return 1.0 + scale * torch.log1p(torch.floor((position_ids.float() + 1.0) / length))
+    below `length - 1`, then growing with the log of the number of `length`s; in `dtype` (float64 for float64
+    queries), at least float32."""
+    dtype = torch.promote_types(dtype, torch.float32)
+    return 1.0 + scale * torch.log1p(torch.floor((position_ids.to(dtype) + 1.0) / length))
 
 
 def packed_sequences(position_ids: torch.Tensor, batch_size: int) -> torch.Tensor | None:
@@ -365,7 +369,7 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
                     "path_attn_temperature_scale needs the position_ids of the tokens (the model passes them)."
                 )
             temperature = attention_temperature(
-                position_ids, self.config.path_attn_temperature_scale, self.config.attn_temperature_length
+                position_ids, self.config.path_attn_temperature_scale, self.config.attn_temperature_length, q.dtype
             )
             q = (q * temperature[..., None, None]).to(q.dtype)
         w = self.w_proj(hidden_states)
