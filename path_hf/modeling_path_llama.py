@@ -336,7 +336,7 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
         cu_seq_lens_q: torch.Tensor | None = None,
         indices_q: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
-    ) -> tuple[torch.Tensor, None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """
         Args:
             hidden_states: `[B, T, hidden]`.
@@ -351,7 +351,10 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
                 here from the mask when not given.
 
         Returns:
-            The output `[B, T, hidden]` and None (no attention weights are formed).
+            The output `[B, T, hidden]`, and the attention weights `[B, HQ, 1, S]` of a decode step (one new token
+            after a cache of S - 1) when they are asked for (`output_attentions`, in the kwargs or the config), as
+            eager attention returns them: `_decode_attention_weights`. Otherwise None: a prefill forms no attention
+            matrix.
         """
         batch_size, seq_len = hidden_states.shape[:2]
         if attention_mask is not None:
@@ -403,8 +406,12 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
             # would stretch w off the unit sphere and H_t off a reflection (beta times that factor squared).
             w = (w * cos + rotate_half(w) * sin) / torch.hypot(cos[..., :1], sin[..., :1])
 
+        attn_weights = None
         if static_decode or (past > 0 and seq_len == 1):
             o = self._decode_step(q, k, v, w, beta, g, attention_mask=attention_mask, cache_layer=cache_layer)
+            # Only when asked: the weights are read from the cache the step left, beside the output, not instead of it.
+            if kwargs.get("output_attentions", self.config.output_attentions):
+                attn_weights = self._decode_attention_weights(q, attention_mask=attention_mask, cache_layer=cache_layer)
         elif past == 0:
             o, k_cache = self._path_attention(
                 q,
@@ -426,7 +433,7 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
             o = self._chunked_prefill(
                 q, k, v, w, beta, g, attention_mask=attention_mask, cache_layer=cache_layer, past=past
             )
-        return self.o_proj(o.reshape(batch_size, seq_len, -1)), None
+        return self.o_proj(o.reshape(batch_size, seq_len, -1)), attn_weights
 
     def _cache_layer(self, cache: Cache) -> PaTHCacheLayer | PaTHStaticCacheLayer:
         """This layer's cache; an empty layer of another class (a cache built without the config, `DynamicCache()`)
@@ -498,6 +505,22 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
             scale=self.scaling,
         )
         return o.transpose(1, 2)
+
+    def _decode_attention_weights(self, q, *, attention_mask, cache_layer) -> torch.Tensor:
+        """The attention probabilities `[B, HQ, 1, S]` of the decode step `_decode_step` just ran, over the S keys of
+        `cache_layer` (a static cache's slots, the unused ones at 0): the softmax of
+        `scale * (q . k_j + G_e - G_j)` with the keys as the step left them (transformed by every token after them),
+        the forget gate where FLA adds it, and the padding masked, as the step's SDPA computes them. Computed in at
+        least float32 and returned in q's dtype, as eager attention returns its weights."""
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        keys = repeat_kv(cache_layer.keys, self.num_key_value_groups).to(dtype)
+        logits = self.scaling * (q.transpose(1, 2).to(dtype) @ keys.transpose(-1, -2))
+        if self.g_proj is not None:
+            logits = logits + self.scaling * cache_layer.gate[:, :, None, :].to(dtype)
+        key_mask = cache_layer.get_key_mask(attention_mask)
+        if key_mask is not None:
+            logits = logits.masked_fill(~key_mask[:, None, None, :], torch.finfo(dtype).min)
+        return logits.softmax(-1).to(q.dtype)
 
     def _chunked_prefill(self, q, k, v, w, beta, g, *, attention_mask, cache_layer, past: int) -> torch.Tensor:
         """Several new tokens after `past` cached ones: PaTH attention over [cached ; new] tokens, where the cached

@@ -14,6 +14,9 @@ One implementation for the recipes' recovery tracking, `path-hf eval` and the de
 - `rope`: `rope_scaling(model, "yarn", factor=4)` swaps the model's rotary embedding for one built with transformers'
   own `rope_parameters` of that type, for the duration of a `with` block.
 - `plots`: perplexity against context length, recovery against training tokens.
+- `attention_mass`: where attention goes at long range, per layer and head: the probability on the first token (the
+  attention sink) and on keys more than F positions back, at the last positions of a long window; exact, from decode
+  steps (each layer's one row of probabilities), for PaTH and RoPE layers alike.
 - `command`: `path-hf eval`.
 
 ```python
@@ -25,6 +28,7 @@ print(result.ppl, result.tokens, passkey_accuracy(model, tokenizer, context_leng
 ```
 """
 
+from .attention_mass import attention_mass, decode_attention_rows
 from .data import (
     COMPRESSED_SUFFIXES,
     data_files,
@@ -70,7 +74,9 @@ __all__ = [
     "accuracy_by_depth",
     "answer_accuracy",
     "attends_causally",
+    "attention_mass",
     "data_files",
+    "decode_attention_rows",
     "load_texts",
     "make_windows",
     "passkey_accuracy",
