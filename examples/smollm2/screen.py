@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TEXTS = {
     "python-docs": "examples/default_model/data/eval.jsonl.xz",
     "copyright-does-not-exist": "examples/data/copyright_does_not_exist/eval.jsonl.xz",
+    # training text (the recipe trains on it): where a search tunes what it then reports on the held-out texts above
+    "austen-train": "examples/data/austen/train.jsonl.xz",
 }
 GGUF = "download/SmolLM2-135M-Instruct.Q4_1.gguf"
 
