@@ -25,6 +25,7 @@ mass on far keys.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import sys
@@ -37,8 +38,8 @@ from path_hf.arguments import DTYPES
 from path_hf.atomic import atomic_file
 from path_hf.conversion.loading import load_causal_lm, load_tokenizer
 from path_hf.errors import CommandError
-from path_hf.evaluation import attention_mass, read_texts, tokenize_stream
-from path_hf.evaluation.command import ModelSpec
+from path_hf.evaluation import attention_mass, read_texts, rope_scaling, tokenize_stream
+from path_hf.evaluation.command import ModelSpec, _train_length
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,11 +54,20 @@ def shown(path: str | Path) -> str:
 
 
 def parse_model(spec: str) -> ModelSpec:
-    """`[LABEL=]PATH`, as `path-hf eval --model` takes it, without a RoPE scaling."""
-    model = ModelSpec.parse(spec)
-    if model.rope_scaling is not None:
-        raise ValueError(f"--model {spec!r}: a RoPE scaling (@{model.rope_scaling}) is not measured here")
-    return model
+    """`[LABEL=]PATH[@ROPE[:FACTOR]]`, as `path-hf eval --model` takes it."""
+    return ModelSpec.parse(spec)
+
+
+def scaled(model, spec: ModelSpec, length: int):
+    """The RoPE scaling of `spec` swapped in, as `path-hf eval` does it: without a FACTOR, YaRN and linear use
+    length / training length, dynamic NTK 1; a plain spec changes nothing."""
+    if spec.rope_scaling is None:
+        return contextlib.nullcontext(model)
+    factor = spec.rope_factor
+    if factor is None:
+        train_length = _train_length(model.config, None)
+        factor = 1.0 if spec.rope_scaling == "dynamic" else max(1.0, length / train_length)
+    return rope_scaling(model, spec.rope_scaling, factor)
 
 
 def measure(spec: ModelSpec, texts: list[str], args: argparse.Namespace) -> dict:
@@ -71,13 +81,15 @@ def measure(spec: ModelSpec, texts: list[str], args: argparse.Namespace) -> dict
     model = load_causal_lm(spec.path, getattr(torch, args.dtype), trust_remote_code=args.trust_remote_code)
     model = model.to(args.device)
     try:
-        result = attention_mass(model, torch.tensor([stream]), far=args.far, queries=args.queries)
+        with scaled(model, spec, args.length):
+            result = attention_mass(model, torch.tensor([stream]), far=args.far, queries=args.queries)
     finally:
         del model
         gc.collect()
     return {
         "label": spec.label,
         "path": shown(spec.path),
+        "rope_scaling": spec.rope_scaling,
         "sink_mass": result["sink_mass"],
         "far_mass": result["far_mass"],
         "layers": result["layers"],

@@ -11,7 +11,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
 from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
-from path_hf.evaluation import attention_mass, decode_attention_rows, read_texts, tokenize_stream
+from path_hf.evaluation import attention_mass, decode_attention_rows, read_texts, rope_scaling, tokenize_stream
 from path_hf.modeling_path_llama import PaTHLlamaAttention
 from tests.evaluation.eval_models import EVAL_DATA, ROOT
 from tests.ops.path_reference import path_scores_reference
@@ -260,3 +260,20 @@ def test_script_refuses_a_short_text(checkpoints, tmp_path, capsys):
     assert script.main([*argv, "--queries", "4", "--output", str(tmp_path / "mass.json")]) == 1
     assert "fewer than --length 64" in capsys.readouterr().err
     assert not (tmp_path / "mass.json").exists()
+
+
+def test_script_measures_a_rope_scaling(checkpoints, tokenizer, tmp_path):
+    """`PATH@yarn:4` is measured with transformers' YaRN swapped in, as path-hf eval does it, and differs from the
+    unscaled model."""
+    output = tmp_path / "mass.json"
+    argv = ["--model", f"plain={checkpoints['llama']}", "--model", f"yarn={checkpoints['llama']}@yarn:4"]
+    argv += ["--data", str(EVAL_DATA), "--length", "64", "--far", "16", "--queries", "4", "--output", str(output)]
+    assert script.main(argv) == 0
+    plain, yarn = json.loads(output.read_text())["models"]
+    assert (plain["rope_scaling"], yarn["rope_scaling"]) == (None, "yarn")
+    stream = torch.tensor([tokenize_stream(read_texts([EVAL_DATA]), tokenizer, max_tokens=64)])
+    model = LlamaForCausalLM.from_pretrained(checkpoints["llama"])
+    with rope_scaling(model, "yarn", 4.0):
+        expected = attention_mass(model, stream, far=16, queries=4)
+    assert yarn["far_mass"] == pytest.approx(expected["far_mass"], abs=1e-6)
+    assert yarn["far_mass"] != pytest.approx(plain["far_mass"], abs=1e-6)
