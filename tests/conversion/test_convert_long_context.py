@@ -18,19 +18,13 @@ from path_hf.conversion.plan import plan_conversion
 from path_hf.errors import RecipeError
 from path_hf.recipes.arguments import ModelArguments
 from path_hf.recipes.models import conversion_options
+from tests.conversion import test_convert_models
 from tests.conversion.checkpoints import make_source, run_cli
 from tests.conversion.gguf_files import tiny_model, write_gguf
 
 # The tiny sources' head dim is 16 (8 pairs), rope_theta 1e4: wavelengths 2 pi 10^(i/2) = 6.3, 20, 63, 199, 628, 1987,
 # 6283, 19869 tokens; max_position_embeddings 256, so `context` keeps pairs 0-3.
-LLAMA3_ROPE = {
-    "rope_type": "llama3",
-    "rope_theta": 500000.0,
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 64,
-}
+LLAMA3_ROPE = {**test_convert_models.LLAMA3_ROPE, "original_max_position_embeddings": 64}
 DIFFERENCE = re.compile(
     r"verify: max \|logits - reference logits\| / std\(reference logits\) = (\S+) in float64, with RoPE kept and "
     rf"the transforms at identity \(limit {VERIFY_TOLERANCE:g}\)"
