@@ -30,10 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(convert_parser, ConvertOptions)
     eval_parser = commands.add_parser(
         "eval",
-        help="perplexity and passkey retrieval at several context lengths, for one or more causal LMs",
+        help="perplexity, passkey and copy retrieval at several context lengths, for one or more causal LMs",
         description="Evaluate causal LMs (Llama, Qwen, PaTHLlama, ...; optionally with YaRN / dynamic NTK RoPE "
-        "scaling) at several context lengths: perplexity on held-out text and passkey retrieval. Prints a table; "
-        "writes JSON and a plot on request.",
+        "scaling) at several context lengths: perplexity on held-out text and passkey and copy retrieval. Prints a "
+        "table; writes JSON and a plot on request.",
     )
     add_arguments(eval_parser, EvalOptions)
     return parser

@@ -11,6 +11,9 @@ One implementation for the recipes' recovery tracking, `path-hf eval` and the de
 - `passkey`: a five-digit key hidden at a random depth (or at given depths) in filler text; a trial counts when
   greedy decoding after "The pass key is" would write every token of the key. Scored in one forward pass, with logits
   formed only at the answer's positions.
+- `retrieval`: copy retrieval, denser than passkey: a span of real text at the start of a window and again at its
+  end; top-1 accuracy and negative log-likelihood of the repeat's tokens (but its first), from `length - span`
+  tokens back, in one forward pass with logits formed only at those positions.
 - `rope`: `rope_scaling(model, "yarn", factor=4)` swaps the model's rotary embedding for one built with transformers'
   own `rope_parameters` of that type, for the duration of a `with` block.
 - `plots`: perplexity against context length, recovery against training tokens.
@@ -49,6 +52,7 @@ from .passkey import (
     passkey_windows,
 )
 from .plots import plot_lengths, plot_recovery
+from .retrieval import COPY_SPAN, CopyResult, copy_accuracy, copy_scores, copy_windows
 from .rope import ROPE_SCALING_TYPES, rope_parameters_for, rope_scaling
 from .scoring import (
     IGNORE_INDEX,
@@ -63,6 +67,8 @@ from .scoring import (
 
 __all__ = [
     "COMPRESSED_SUFFIXES",
+    "COPY_SPAN",
+    "CopyResult",
     "IGNORE_INDEX",
     "PASSKEY_FILLER",
     "PASSKEY_INTRO",
@@ -75,6 +81,9 @@ __all__ = [
     "answer_accuracy",
     "attends_causally",
     "attention_mass",
+    "copy_accuracy",
+    "copy_scores",
+    "copy_windows",
     "data_files",
     "decode_attention_rows",
     "load_texts",

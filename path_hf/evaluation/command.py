@@ -1,5 +1,5 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
-"""`path-hf eval`: perplexity and passkey retrieval at several context lengths, for several causal LMs at once.
+"""`path-hf eval`: perplexity, passkey and copy retrieval at several context lengths, for several causal LMs at once.
 
 ```
 path-hf eval --model source=meta-llama/Llama-3.2-1B --model yarn=meta-llama/Llama-3.2-1B@yarn \\
@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from path_hf.evaluation import ROPE_SCALING_TYPES
+from path_hf.evaluation import COPY_SPAN, ROPE_SCALING_TYPES
 
 from ..arguments import DTYPES
 from ..arguments import flag as option_flag
@@ -188,7 +188,26 @@ class EvalOptions:
             "per trial)",
         },
     )
-    seed: int = field(default=0, metadata={"help": "seed of the passkey prompts (default: %(default)s)"})
+    copy_trials: int = field(
+        default=0,
+        metadata={
+            "metavar": "N",
+            "help": "copy-retrieval windows per length, each a span of --data at its start and again at its end, "
+            "scored on the repeat (top-1 accuracy and NLL); one forward pass of the length per window; 0 skips the "
+            "test (default: %(default)s)",
+        },
+    )
+    copy_span: int = field(
+        default=COPY_SPAN,
+        metadata={
+            "metavar": "S",
+            "help": "tokens of the copied span; its last S-1 tokens are scored, copied from length-S tokens back "
+            "(default: %(default)s)",
+        },
+    )
+    seed: int = field(
+        default=0, metadata={"help": "seed of the passkey prompts and of the copy spans (default: %(default)s)"}
+    )
     train_length: int | None = field(
         default=None,
         metadata={
@@ -231,6 +250,12 @@ class EvalOptions:
                 _check_depths(self.passkey_depths)
             except ValueError as error:
                 raise EvaluationError(str(error)) from None
+        if self.copy_trials and 2 * self.copy_span + 1 > self.lengths[-1]:
+            raise EvaluationError(
+                f"--copy-span {self.copy_span} does not fit the longest length {self.lengths[-1]}: a copy window holds "
+                f"the span twice and a BOS token ({2 * self.copy_span + 1} tokens): give a --copy-span of at most "
+                f"{(self.lengths[-1] - 1) // 2}, or longer --lengths"
+            )
         if self.stride is not None and self.stride > self.lengths[0]:
             raise EvaluationError(
                 f"--stride {self.stride} must be between 1 and the shortest length ({self.lengths[0]}): each "
@@ -276,6 +301,8 @@ _MINIMUMS = {
     "stride": (1, "tokens a sliding window moves by"),
     "batch_size": (1, "windows per forward pass"),
     "passkey_trials": (0, "0 skips the passkey test"),
+    "copy_trials": (0, "0 skips the copy test"),
+    "copy_span": (2, "tokens of the copied span, whose first is not scored"),
     "seed": (0, "the seed of the passkey prompts"),
     "train_length": (1, "the models' training context, in tokens"),
 }
@@ -537,8 +564,17 @@ def _model(spec: ModelSpec, options: EvalOptions, device: str):
 
 
 def _measure(model, tokenizer, stream: list[int], length: int, factor: float | None, options: EvalOptions) -> dict:
-    """Perplexity (and passkey accuracy) of `model` as it is at one context length (`factor`: its RoPE scaling's)."""
-    from path_hf.evaluation import accuracy_by_depth, answer_accuracy, make_windows, passkey_windows, score_windows
+    """Perplexity (and passkey and copy accuracy) of `model` as it is at one context length (`factor`: its RoPE
+    scaling's)."""
+    from path_hf.evaluation import (
+        accuracy_by_depth,
+        answer_accuracy,
+        copy_scores,
+        copy_windows,
+        make_windows,
+        passkey_windows,
+        score_windows,
+    )
 
     windows = make_windows(stream, length, options.stride)
     result = score_windows(model, windows, options.batch_size, progress=options.progress)
@@ -560,13 +596,22 @@ def _measure(model, tokenizer, stream: list[int], length: int, factor: float | N
             entry["passkey"], entry["passkey_error"] = None, str(error)
             if depths:
                 entry["passkey_by_depth"] = None
-            return entry
-        correct = answer_accuracy(model, prompts, options.batch_size, progress=options.progress)
-        entry["passkey"] = sum(correct) / len(correct)
-        if depths:
-            entry["passkey_by_depth"] = {
-                str(depth): value for depth, value in accuracy_by_depth(correct, depths).items()
-            }
+        else:
+            correct = answer_accuracy(model, prompts, options.batch_size, progress=options.progress)
+            entry["passkey"] = sum(correct) / len(correct)
+            if depths:
+                entry["passkey_by_depth"] = {
+                    str(depth): value for depth, value in accuracy_by_depth(correct, depths).items()
+                }
+    if options.copy_trials:
+        prefix = tokenizer("", add_special_tokens=True)["input_ids"]  # BOS, for tokenizers that add one
+        try:
+            windows = copy_windows(stream, length, options.copy_trials, options.copy_span, options.seed, prefix)
+        except ValueError as error:  # a length too short for the span twice, or too little text
+            entry["copy"], entry["copy_nll"], entry["copy_error"] = None, None, str(error)
+        else:
+            copied = copy_scores(model, windows, options.batch_size, progress=options.progress)
+            entry["copy"], entry["copy_nll"] = copied.accuracy, copied.nll
     return entry
 
 
@@ -620,10 +665,11 @@ def evaluate_model(
             entry = _measure(model, tokenizer, stream, length, factor, options)
         entry["seconds"] = round(time.perf_counter() - started, 2)
         record["lengths"][str(length)] = entry
-        passkey = entry.get("passkey")
+        passkey, copied = entry.get("passkey"), entry.get("copy")
         print(
             f"{spec.label:>24}  {length:>6}  ppl {entry['ppl']:9.3f}"
             + (f"  passkey {passkey:5.0%}" if passkey is not None else "")
+            + (f"  copy {copied:6.1%} (nll {entry['copy_nll']:.3f})" if copied is not None else "")
             + f"  ({entry['seconds']:.1f} s)",
             file=sys.stderr,
         )
@@ -633,7 +679,7 @@ def evaluate_model(
 
 
 def format_table(report: dict) -> str:
-    """Perplexity (and passkey accuracy) per model and length, as a Markdown table."""
+    """Perplexity (and passkey and copy accuracy) per model and length, as a Markdown table."""
     lengths = report["lengths"]
     train = report.get("train_length")
     header = [f"{n} ({n / train:g}x)" if train else str(n) for n in lengths]
@@ -645,9 +691,13 @@ def format_table(report: dict) -> str:
             cell = f"{entry['ppl']:.2f}"
             if entry.get("passkey") is not None:
                 cell += f" / {entry['passkey']:.0%}"
+            if entry.get("copy") is not None:
+                cell += f" / copy {entry['copy']:.1%}"
             cells.append(cell)
         rows.append(f"| {label} | " + " | ".join(cells) + " |")
     note = "perplexity / passkey accuracy" if report.get("passkey_trials") else "perplexity"
+    if report.get("copy_trials"):
+        note += f" / copy accuracy ({report['copy_span']}-token span)"
     return "\n".join(rows) + f"\n({note}; {report['windowing']})"
 
 
@@ -673,6 +723,8 @@ def run_eval(options: EvalOptions) -> dict:
         "stride": options.stride,
         "passkey_trials": options.passkey_trials,
         "passkey_depths": list(options.passkey_depths) if options.passkey_depths else None,
+        "copy_trials": options.copy_trials,
+        "copy_span": options.copy_span,
         "seed": options.seed,
         "dtype": options.dtype,
         "models": {},
