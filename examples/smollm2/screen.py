@@ -9,8 +9,10 @@ The screen file names the texts, the lengths, the tokens read and the rows; a ro
 and `{recovered}` stand for `make smollm2`'s files under `--smollm2`, default runs/smollm2, and `{band}` for `--band`,
 the critical-band run's final model), optionally with a RoPE
 scaling (`@yarn`, as `path-hf eval` takes it) and config fields changed for the evaluation (`config:`; the variant is
-a folder of links to the checkpoint's files beside its own config.json, made under the output). Every (row, text,
-length) is one `path-hf eval` run with OMP_NUM_THREADS=1, `--jobs` at once (default: one per core), so the whole
+a folder of links to the checkpoint's files beside its own config.json, made under the output) and optionally the
+screen's lengths it is evaluated at (`lengths:`, default all). Retrieval runs in every cell when the screen sets
+`passkey_trials` (and `passkey_depths`) or `copy_trials` (and `copy_span`), as `path-hf eval` takes them. Every (row,
+text, length) is one `path-hf eval` run with OMP_NUM_THREADS=1, `--jobs` at once (default: one per core), so the whole
 table comes from one run on an equal footing, and each cell records its CPU minutes. Cells already written are kept
 (an interrupted screen resumes). Writes `screen.json` (every cell, the protocol) and `screen.md` (the table) in the
 output folder.
@@ -77,6 +79,10 @@ def cell(row: dict, text: str, length: int, screen: dict, out: Path, model: str)
         command = [sys.executable, "-m", "path_hf.cli", "eval", "--data", TEXTS[text], "--force", "--no-progress"]
         command += ["--lengths", str(length), "--max-tokens", str(screen["max_tokens"]), "--batch-size", "1"]
         command += ["--passkey-trials", str(screen.get("passkey_trials", 0))]
+        if screen.get("copy_trials"):
+            command += ["--copy-trials", str(screen["copy_trials"]), "--copy-span", str(screen.get("copy_span", 256))]
+        if screen.get("passkey_depths"):
+            command += ["--passkey-depths", ",".join(str(depth) for depth in screen["passkey_depths"])]
         command += ["--train-length", str(screen["train_length"]), "--output", str(output)]
         command += ["--model", f"{row['label']}={model}"]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -91,20 +97,44 @@ def cell(row: dict, text: str, length: int, screen: dict, out: Path, model: str)
         output.write_text(json.dumps(report, indent=2) + "\n")
     report = json.loads(output.read_text())
     entry = report["models"][row["label"]]["lengths"][str(length)]
-    print(f"{row['label']:<40} {text:<26} {length:>6}  ppl {entry['ppl']:8.3f}  {report['cpu_minutes']:6.1f} min",
-          flush=True)  # fmt: skip
-    return {"row": row["label"], "text": text, "length": length, "ppl": entry["ppl"], "tokens": entry["tokens"],
-            "cpu_minutes": report["cpu_minutes"]}  # fmt: skip
+    passkey = f"  passkey {entry['passkey']:4.0%}" if entry.get("passkey") is not None else ""
+    passkey += f"  copy {entry['copy']:5.1%}" if entry.get("copy") is not None else ""
+    minutes = report["cpu_minutes"]
+    print(f"{row['label']:<40} {text:<26} {length:>6}  ppl {entry['ppl']:8.3f}{passkey}  {minutes:6.1f} min")
+    result = {"row": row["label"], "text": text, "length": length, "ppl": entry["ppl"], "tokens": entry["tokens"],
+              "cpu_minutes": report["cpu_minutes"]}  # fmt: skip
+    for key in ("passkey", "passkey_by_depth", "copy", "copy_nll"):
+        if entry.get(key) is not None:
+            result[key] = entry[key]
+    return result
+
+
+def _value(cell: dict, wanted: bool) -> str:
+    if not wanted:
+        return "-"
+    if "ppl" not in cell:
+        return "error"
+    value = f"{cell['ppl']:.2f}" + (f" / {cell['passkey']:.0%}" if "passkey" in cell else "")
+    return value + (f" / copy {cell['copy']:.1%}" if "copy" in cell else "")
+
+
+def row_lengths(screen: dict, row: dict) -> list[int]:
+    """The lengths a row is evaluated at: its own `lengths` (a subset of the screen's), or all of the screen's."""
+    lengths = row.get("lengths", screen["lengths"])
+    if not set(lengths) <= set(screen["lengths"]):
+        raise SystemExit(f"error: row {row['label']!r} asks for lengths {lengths}, not all in {screen['lengths']}")
+    return lengths
 
 
 def table(screen: dict, cells: list[dict]) -> str:
+    wanted = {(row["label"], t, n) for row in screen["rows"] for t in screen["texts"] for n in row_lengths(screen, row)}
     columns = [(text, length) for text in screen["texts"] for length in screen["lengths"]]
     found = {(c["row"], c["text"], c["length"]): c for c in cells}
     lines = ["| row | training tokens | " + " | ".join(f"{t} {n}" for t, n in columns) + " | CPU min |"]
     lines.append("|---|---:|" + "---:|" * len(columns) + "---:|")
     for row in screen["rows"]:
         got = [found.get((row["label"], t, n), {}) for t, n in columns]
-        values = [f"{c['ppl']:.2f}" if "ppl" in c else "error" for c in got]
+        values = [_value(c, (row["label"], t, n) in wanted) for c, (t, n) in zip(got, columns, strict=True)]
         minutes = sum(c.get("cpu_minutes", 0) for c in got)
         lines.append(
             f"| {row['label']} | {row.get('training_tokens', 0):,} | " + " | ".join(values) + f" | {minutes:.0f} |"
@@ -132,10 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         if row.get("config"):
             model = variant(model, row["config"], out / "models" / slug(row["label"]))
         models[row["label"]] = model
-    jobs = [(row, text, length) for row in screen["rows"] for text in screen["texts"] for length in screen["lengths"]]
+    jobs = [(row, text, n) for row in screen["rows"] for text in screen["texts"] for n in row_lengths(screen, row)]
     with ThreadPoolExecutor(args.jobs) as pool:
         cells = list(pool.map(lambda job: cell(*job, screen, out, models[job[0]["label"]]), jobs))
     protocol = {key: screen[key] for key in ("texts", "lengths", "max_tokens", "train_length")}
+    retrieval = ("passkey_trials", "passkey_depths", "copy_trials", "copy_span")
+    protocol.update({key: screen[key] for key in retrieval if key in screen})
     protocol["texts"] = {text: TEXTS[text] for text in screen["texts"]}
     result = {"screen": os.path.relpath(args.screen.resolve(), ROOT), "protocol": protocol, "rows": screen["rows"]}
     result["models"] = models

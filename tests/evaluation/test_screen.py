@@ -59,3 +59,43 @@ def test_screen_refuses_an_unknown_config_field(checkpoints, tmp_path):
     }
     done = run_screen(screen, tmp_path)
     assert done.returncode != 0 and "path_attn_temprature" in done.stderr
+
+
+def test_screen_rows_at_their_own_lengths_with_retrieval(checkpoints, tmp_path):
+    model = str(checkpoints["path"])
+    screen = {
+        "texts": ["python-docs"],
+        "lengths": [32, 64],
+        "max_tokens": 128,
+        "train_length": 32,
+        "copy_trials": 1,
+        "copy_span": 8,
+        "rows": [{"label": "both", "model": model}, {"label": "long only", "model": model, "lengths": [64]}],
+    }
+    done = run_screen(screen, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = tmp_path / "out"
+    result = json.loads((out / "screen.json").read_text())
+    cells = {(c["row"], c["length"]): c for c in result["cells"]}
+    assert set(cells) == {("both", 32), ("both", 64), ("long only", 64)}
+    assert result["protocol"]["copy_trials"] == 1 and result["protocol"]["copy_span"] == 8
+    for key, entry in cells.items():  # each cell carries its own eval JSON's copy scores
+        report = json.loads((out / "cells" / f"{key[0].replace(' ', '-')}--python-docs--{key[1]}.json").read_text())
+        evaluated = report["models"][key[0]]["lengths"][str(key[1])]
+        assert 0.0 <= entry["copy"] <= 1.0 and entry["copy"] == evaluated["copy"]
+        assert entry["copy_nll"] == evaluated["copy_nll"]
+    assert cells["both", 64]["copy"] == cells["long only", 64]["copy"]  # the same model and prompt
+    table = (out / "screen.md").read_text()
+    assert "| long only | 0 | - |" in table and f"copy {cells['both', 32]['copy']:.1%}" in table
+
+
+def test_screen_refuses_a_row_length_outside_the_screen(checkpoints, tmp_path):
+    screen = {
+        "texts": ["python-docs"],
+        "lengths": [32],
+        "max_tokens": 64,
+        "train_length": 32,
+        "rows": [{"label": "odd", "model": str(checkpoints["path"]), "lengths": [48]}],
+    }
+    done = run_screen(screen, tmp_path)
+    assert done.returncode != 0 and "odd" in done.stderr and "48" in done.stderr
