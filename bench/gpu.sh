@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # GPU benchmark for one CUDA machine without network: the H200 of the device tool, under 8 minutes of work.
 # bench/gpu_bench.py measures FLA's PaTH kernels against ours and RoPE + SDPA (parity, time, memory, train and decode
-# tokens/s), and converts, recovers and evaluates SmolLM2-135M-Instruct from its GGUF (bench/gpu_smollm2.py). Results
-# in $OUT (or bench/out): gpu.log, gpu_bench.json, gpu_bench.md, smollm2_logs.txt and three plots.
+# tokens/s), and converts, recovers and evaluates SmolLM2-135M-Instruct from its GGUF (bench/gpu_smollm2.py: the CPU
+# recipe's design, RoPE interleaved with PaTH and the forget gate, align and distill at 512- and 2048-token blocks, plus
+# a last distill stage at 8192, the budgets scaled to the time left; evaluated to 32768 tokens, with YaRN on the source
+# and on the recovered model). Results in $OUT (or bench/out): gpu.log, gpu_bench.json, gpu_bench.md, smollm2_logs.txt
+# and three plots.
 #
 # The device tool carries at most 64 MiB per call, working tree included, and the GGUF is 98 MB: it travels in
 # parts, one per call, each stored in $GPU_STORE (/tmp/path-hf-gpu) while the machine stays warm (30 s after a

@@ -11,10 +11,11 @@
             benchmark does) of a ~1B PaTHLlamaForCausalLM (FLA backend), LlamaForCausalLM (SDPA) and FLA's
             PaTHAttentionForCausalLM (fla.models, its default fused norm/SwiGLU/cross-entropy) of the same sizes.
 (c) decode: greedy generate tokens/s of the same three models with their caches, decode steps only.
-(d) smollm2: SmolLM2-135M-Instruct from its GGUF, converted (RoPE dropped, forget gate), recovered (align then
-            distill, bf16, FLA) for as many tokens as the time left allows, and evaluated at 512-32768 tokens on two
-            held-out texts next to the source, YaRN and dynamic NTK (bench/gpu_smollm2.py). Its conversion runs on
-            the CPU while (a)-(c) hold the GPU.
+(d) smollm2: SmolLM2-135M-Instruct from its GGUF, converted (RoPE interleaved with PaTH, forget gate), recovered
+            (align and distill at 512- and 2048-token blocks, then distill at 8192; bf16, FLA) for as many tokens as
+            the time left allows, and evaluated at 512-32768 tokens, as it is and with YaRN, on two held-out texts
+            next to the source, YaRN and dynamic NTK (bench/gpu_smollm2.py). Its conversion runs on the CPU while
+            (a)-(c) hold the GPU.
 
 (a)-(c) share `--fla-budget-s`, and everything ends within `--budget-s`: a part that would overrun is skipped and
 recorded, as is one that fails. The results are written after each part to $OUT (or bench/out) as gpu_bench.json and

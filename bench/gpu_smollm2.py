@@ -1,8 +1,9 @@
 """(d) SmolLM2-135M-Instruct converted to PaTH, recovered and evaluated on one GPU with the project's own commands.
 
 The `smollm2` section of bench/gpu_bench.py. From the GGUF (bench/gpu_carry.py brings it to the GPU machine) and
-recipes/configs/smollm2-135m-gpu.yaml (the paper's setting: RoPE dropped, forget gate, align then distill, bf16,
-FLA's kernels):
+recipes/configs/smollm2-135m-gpu.yaml (the CPU recipe's design: RoPE interleaved with PaTH, FLA's init, the forget
+gate; align and distill at 512-token blocks, then at 2048; plus a last distill stage at 8192, the source's whole
+context; bf16, FLA's kernels):
 
 1. `path-hf convert` with the config's `model.convert` options. `start()` launches it at once: it runs on the CPU
    while gpu_bench.py's FLA sections hold the GPU.
@@ -11,9 +12,13 @@ FLA's kernels):
 3. A probe: the recipe (`accelerate launch recipes/train.py`) for a few steps of each stage. Its JSONL log gives
    each stage's tokens/s past the first steps (compilation, autotuning), and the time stamps of its output lines the
    run's fixed costs: the start up to the first training step, one evaluation, and what follows the last one.
-4. The recovery run: the same recipe with the stages sized from the probe to fill the time left before the deadline
-   (ALIGN_SHARE of the training time aligning, the rest distilling), evaluated a few times on the way.
-5. `path-hf eval` of the recovered model on both texts; each text's table joins the two evaluations.
+   Stages are told apart by their index (the config has two align and three distill stages): a logged step belongs
+   to the stage the recipe's own schedule (path_hf.recipes.schedule) places it in.
+4. The recovery run: the same recipe with every stage's configured token budget scaled by one common factor (the
+   config's proportions are the design), chosen from the probe's rates to fill the time left before the deadline,
+   each stage rounded down to whole steps; evaluated a few times on the way.
+5. `path-hf eval` of the recovered model, as it is and with YaRN on its RoPE (factor PATH_YARN_FACTOR), on both
+   texts; each text's table joins the two evaluations.
 
 A step that fails or runs out of time is recorded, and the rest goes on where it can. `--dry-run-cpu` (gpu_bench.py)
 runs the same steps on a CPU: torch backend, float32, a few training steps, short lengths.
@@ -32,8 +37,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+
+from path_hf.recipes.arguments import RecipeConfig
+from path_hf.recipes.schedule import StagePlan, plan_stages, tokens_before
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "recipes" / "configs" / "smollm2-135m-gpu.yaml"
@@ -44,8 +52,11 @@ TEXTS = {
         "Copyright Does Not Exist, never trained on",
     ),
 }
-ALIGN_SHARE = 0.3  # of the recovery run's training time
 MARGIN_S = 15  # kept free before the deadline
+PROCESSES = 1  # training processes: the launch options' one GPU (or one CPU process)
+# YaRN on the recovered model's RoPE past the source's context: the factor the CPU recipe's evaluations use (chosen on
+# training text; `@yarn` alone would scale by length / 8192)
+PATH_YARN_FACTOR = 1.5
 
 
 @dataclass(frozen=True)
@@ -56,8 +67,9 @@ class Settings:
     eval_tokens: int  # path-hf eval --max-tokens
     train_length: int | None  # path-hf eval --train-length (None: the models' own, 8192)
     launch: tuple[str, ...]  # accelerate launch options
-    overrides: tuple[str, ...]  # recipe overrides besides models, stages and output
-    probe_steps: int  # steps of each stage in the probe
+    overrides: tuple[str, ...]  # recipe overrides besides models, block lengths, stages' tokens and output
+    block_sizes: tuple[tuple[int, int], ...]  # (configured, stand-in) block lengths, data.block_size's and stages'
+    probe_steps: int  # steps of each stage at data.block_size in the probe (longer blocks: the same tokens)
     probe_skip: int  # first steps of each stage left out of its rate
     max_train_s: float | None  # cap on the recovery run's training time
     min_steps_per_stage: int  # steps of each stage even when no time is left (0: skip the run then)
@@ -72,6 +84,7 @@ GPU = Settings(
     train_length=None,
     launch=("--config_file", "recipes/accelerate/single_gpu.yaml"),
     overrides=(),
+    block_sizes=(),
     probe_steps=10,
     probe_skip=3,
     max_train_s=None,
@@ -96,13 +109,14 @@ DRY_RUN_CPU = Settings(
         "no",
     ),
     overrides=(
-        "data.block_size=64",
         "data.eval_tokens=256",
         "training.batch_size=2",
+        "training.gradient_accumulation_steps=2",
         "training.eval_batch_size=2",
-        "training.eval_lengths=[1,2]",
+        "training.eval_lengths=[1,2,4]",
         "model.teacher_dtype=float32",
     ),
+    block_sizes=((512, 64), (2048, 128), (8192, 256)),  # the stages' order of lengths, at the evaluations' lengths
     probe_steps=3,
     probe_skip=1,
     max_train_s=30,
@@ -189,29 +203,59 @@ class StepFailed(Exception):
     """A step of the run that failed or ran out of time; the message names it and its log."""
 
 
-def stage_timing(log: Path, skip: int) -> tuple[dict[str, dict[str, float]], int]:
-    """Each stage's `tokens_per_s` past its first `skip` steps (fewer if it has fewer than skip + 2 steps; a stage of
-    one step has none) and `warmup_s`, what its first steps took beyond that rate (compilation, autotuning); and the
-    tokens of one step. From the recipe's JSONL log (training.log_every=1), which holds the tokens/s since training
-    started: a step ends at tokens / tokens_per_s."""
+def stage_index(plans: list[StagePlan], step: int) -> int:
+    """The index of the stage that logged step `step` (counted from 1, as the log counts) belongs to."""
+    return next(index for index, plan in enumerate(plans) if step <= plan.first_step + plan.steps)
+
+
+def stage_timing(log: Path, skip: int, plans: list[StagePlan]) -> list[dict | None]:
+    """Each stage's (by index: `plans`, the run's schedule) `tokens_per_s` past its first `skip` steps (fewer if it has
+    fewer than skip + 2 steps) and `warmup_s`, what its first steps took beyond that rate (compilation, autotuning);
+    None for a stage of fewer than two logged steps. From the recipe's JSONL log (training.log_every=1), which holds
+    the tokens/s since training started: a step ends at tokens / tokens_per_s. StepFailed if the log does not follow
+    `plans` (a step's stage name or tokens)."""
     steps = [row for row in map(json.loads, log.read_text().splitlines()) if "train/tokens_per_second" in row]
     if not steps:
         raise StepFailed(f"{log} logged no training step")
-    tokens_per_step = steps[0]["tokens"] // steps[0]["step"]
-    ends: dict[str, list[tuple[int, float]]] = {}
+    ends: list[list[tuple[int, float]]] = [[] for _ in plans]
     for row in steps:
-        stage = next(key.removeprefix("train/").removesuffix("_loss") for key in row if key.endswith("_loss"))
-        ends.setdefault(stage, []).append((row["tokens"], row["tokens"] / row["train/tokens_per_second"]))
-    timing, stage_start = {}, 0.0
-    for stage, points in ends.items():  # in the order the stages ran
+        index = stage_index(plans, row["step"])
+        name = next(key.removeprefix("train/").removesuffix("_loss") for key in row if key.endswith("_loss"))
+        if name != plans[index].stage.name or row["tokens"] != tokens_before(plans, row["step"]):
+            raise StepFailed(
+                f"{log}: step {row['step']} ({name}, {row['tokens']:,} tokens) does not follow the planned stages "
+                f"(stage {index}: {plans[index].stage.name}, {tokens_before(plans, row['step']):,} tokens)"
+            )
+        ends[index].append((row["tokens"], row["tokens"] / row["train/tokens_per_second"]))
+    timing, stage_start = [], 0.0
+    for plan, points in zip(plans, ends, strict=True):
+        entry = None
         if len(points) >= 2:
             first = min(skip, len(points) - 2)
             (tokens0, end0), (tokens1, end1) = points[first], points[-1]
             rate = (tokens1 - tokens0) / (end1 - end0)
-            warmup = end0 - stage_start - (first + 1) * tokens_per_step / rate
-            timing[stage] = {"tokens_per_s": rate, "warmup_s": max(0.0, warmup)}
-        stage_start = points[-1][1]
-    return timing, tokens_per_step
+            warmup = end0 - stage_start - (first + 1) * plan.tokens_per_step / rate
+            entry = {
+                "stage": plan.stage.name,
+                "block_size": plan.block_size,
+                "tokens_per_s": rate,
+                "warmup_s": max(0.0, warmup),
+            }
+        timing.append(entry)
+        if points:
+            stage_start = points[-1][1]
+    return timing
+
+
+def block_overrides(config: RecipeConfig, sizes: dict[int, int]) -> list[str]:
+    """Recipe overrides that replace the block lengths of `config` (data.block_size and the stages' own) by their
+    stand-ins in `sizes`."""
+    overrides = [f"data.block_size={sizes[config.data.block_size]}"] if config.data.block_size in sizes else []
+    return overrides + [
+        f"stages.{index}.block_size={sizes[stage.block_size]}"
+        for index, stage in enumerate(config.stages)
+        if stage.block_size in sizes
+    ]
 
 
 def convert_flags(options: dict) -> list[str]:
@@ -237,7 +281,8 @@ def merge_reports(before: dict, after: dict | None) -> dict:
 
 def goals(report: dict, block: int) -> dict[str, float | bool]:
     """Issue 9's goals, where the report holds what they need: the recovered model against the source at the
-    training block, against itself at 8192, and against the source with YaRN at 16384 and 32768."""
+    training block, against itself at 8192, and the recovered model, as it is and with YaRN on its RoPE, against the
+    source with YaRN at 16384 and 32768."""
     models = report["models"]
     if "path-recovered" not in models or "source" not in models:
         return {}
@@ -253,9 +298,13 @@ def goals(report: dict, block: int) -> dict[str, float | bool]:
     if (at_16k := ppl("path-recovered", 16384)) and (at_8k := ppl("path-recovered", 8192)):
         found["16384 / 8192 (recovered)"] = at_16k / at_8k
         found["16384 within 1.1x of 8192"] = at_16k / at_8k <= 1.1
-    for length, better in ((16384, "no worse than"), (32768, "better than")):
-        if (recovered := ppl("path-recovered", length)) and (yarn := ppl("source+yarn", length)):
-            found[f"{length} {better} YaRN"] = recovered <= yarn if length == 16384 else recovered < yarn
+    for label, name in (("path-recovered", "recovered"), ("path-recovered+yarn", "recovered + YaRN")):
+        for length, better in ((16384, "no worse than"), (32768, "better than")):
+            if (recovered := ppl(label, length)) and (yarn := ppl("source+yarn", length)):
+                found[f"{length}: {name} / source + YaRN"] = recovered / yarn
+                found[f"{length}: {name} {better} source + YaRN"] = (
+                    recovered <= yarn if length == 16384 else recovered < yarn
+                )
     return found
 
 
@@ -276,21 +325,34 @@ class SmolLM2Run:
 
         self.gguf, self.work, self.out, self.settings = gguf, work, out, settings
         self.result, self.record_error, self.save = result, record_error, save
-        self.config = parse_config(["--config", str(CONFIG), *settings.overrides])
-        training, data = self.config.training, self.config.data
-        self.tokens_per_step = training.batch_size * training.gradient_accumulation_steps * data.block_size
+        configured = parse_config(["--config", str(CONFIG), *settings.overrides])
+        self.overrides = (*settings.overrides, *block_overrides(configured, dict(settings.block_sizes)))
+        self.config = parse_config(["--config", str(CONFIG), *self.overrides])
+        training = self.config.training
+        self.sequences_per_step = training.batch_size * training.gradient_accumulation_steps * PROCESSES
         self.converted = work / "converted"
+        self.main_tokens: list[int] | None = None  # each stage's tokens in the recovery run, once sized
         self.processes: list[Process] = []
         result.update(
             {
                 "gguf": str(gguf),
                 "config": str(CONFIG.relative_to(REPO)),
                 "settings": asdict(settings),
-                "block_size": data.block_size,
-                "tokens_per_step": self.tokens_per_step,
+                "block_size": self.config.data.block_size,
+                "stages": [
+                    {"stage": plan.stage.name, "block_size": plan.block_size, "tokens_per_step": plan.tokens_per_step}
+                    for plan in self.plans()
+                ],
                 "steps": {},
             }
         )
+
+    def plans(self, stage_tokens: list[int] | None = None) -> list[StagePlan]:
+        """The recipe's schedule of the config's stages (with `stage_tokens`, each stage's tokens, if given)."""
+        stages = self.config.stages
+        if stage_tokens is not None:
+            stages = [replace(stage, tokens=tokens) for stage, tokens in zip(stages, stage_tokens, strict=True)]
+        return plan_stages(stages, self.config.data.block_size, self.sequences_per_step)
 
     # -------------------------------------------------------------------------------------------------- plumbing
 
@@ -343,8 +405,7 @@ class SmolLM2Run:
         # subpackage) from shadowing the one gpu.sh lays out on PYTHONPATH.
         return [sys.executable, "-P", "-m", "path_hf", *args]
 
-    def recipe(self, output_dir: Path, stage_tokens: dict[str, int], *overrides: str) -> list[str]:
-        stages = {stage.name: index for index, stage in enumerate(self.config.stages)}
+    def recipe(self, output_dir: Path, stage_tokens: list[int], *overrides: str) -> list[str]:
         return [
             sys.executable,
             "-m",
@@ -353,12 +414,12 @@ class SmolLM2Run:
             "recipes/train.py",
             "--config",
             str(CONFIG.relative_to(REPO)),
-            *self.settings.overrides,
+            *self.overrides,
             f"model.path={self.converted}",
             "model.convert={}",
             f"model.teacher={self.gguf}",
             f"training.output_dir={output_dir}",
-            *(f"stages.{stages[name]}.tokens={tokens}" for name, tokens in stage_tokens.items()),
+            *(f"stages.{index}.tokens={tokens}" for index, tokens in enumerate(stage_tokens)),
             *overrides,
         ]
 
@@ -429,8 +490,7 @@ class SmolLM2Run:
             after = {}
             if main:
                 self.attempt("recovery curve", self.recovery)
-                final = str(self.work / "main" / "final")
-                after = {text: self.evaluate(f"eval-{text}-after", text, [f"path-recovered={final}"]) for text in TEXTS}
+                after = {text: self.evaluate(f"eval-{text}-after", text, self.recovered_models()) for text in TEXTS}
             for process in [*before.values(), *after.values()]:
                 self.attempt(process.name, lambda p=process: self.finished(p, stop_by))
             self.attempt("tables", self.tables)
@@ -438,9 +498,20 @@ class SmolLM2Run:
             self.close()
             self.collect_logs()
 
+    def recovered_models(self) -> list[str]:
+        """`path-hf eval --model` of the recovered model: as it is, and with YaRN on its RoPE."""
+        final = self.work / "main" / "final"
+        return [f"path-recovered={final}", f"path-recovered+yarn={final}@yarn:{PATH_YARN_FACTOR:g}"]
+
+    def probe_tokens(self) -> list[int]:
+        """Each stage's tokens in the probe: `probe_steps` steps at data.block_size, as many tokens at longer blocks
+        but at least probe_skip + 2 steps (a rate needs two logged steps past the skipped ones)."""
+        s = self.settings
+        tokens = s.probe_steps * self.config.data.block_size * self.sequences_per_step
+        return [max(s.probe_skip + 2, tokens // plan.tokens_per_step) * plan.tokens_per_step for plan in self.plans()]
+
     def probe(self, stop_by: float) -> dict:
-        n = self.settings.probe_steps
-        tokens = {stage.name: n * self.tokens_per_step for stage in self.config.stages}
+        tokens = self.probe_tokens()
         process = self.launch(
             "probe",
             self.recipe(
@@ -453,17 +524,19 @@ class SmolLM2Run:
             watch={"source": r"^source model: ppl", "eval": r"^step \d+: tokens"},
         )
         self.finished(process, stop_by)
-        stages, tokens_per_step = stage_timing(
-            self.work / "probe" / "logs" / "recovery" / "log.jsonl", self.settings.probe_skip
+        stages = stage_timing(
+            self.work / "probe" / "logs" / "recovery" / "log.jsonl", self.settings.probe_skip, self.plans(tokens)
         )
-        if missing := [stage.name for stage in self.config.stages if stage.name not in stages]:
-            raise StepFailed(f"the probe logged too few steps of {', '.join(missing)} for a rate: {process.log}")
+        if missing := [
+            f"{index} ({stage.name})" for index, stage in enumerate(self.config.stages) if not stages[index]
+        ]:
+            raise StepFailed(f"the probe logged too few steps of stage {', '.join(missing)} for a rate: {process.log}")
         marks = process.marks
         if not marks["source"] or len(marks["eval"]) < 2:
             raise StepFailed(f"the probe printed no evaluation lines; its log: {process.log}")
         measured = {
             "stages": stages,
-            "tokens_per_step": tokens_per_step,
+            "stage_tokens": tokens,
             "start_s": round(marks["eval"][0], 1),  # launch to the first training step (after the first evaluation)
             "eval_s": round(marks["eval"][0] - marks["source"][0], 1),  # one evaluation of the student
             "end_s": round(process.seconds - marks["eval"][-1], 1),  # the last evaluation's line to the exit
@@ -474,52 +547,59 @@ class SmolLM2Run:
         return measured
 
     def final_eval_s(self, before: dict[str, Process]) -> float:
-        """Time to keep for the recovered model's evaluation: the converted model's (same size, same lengths) as the
-        background evaluation measured it, with room for starting, else the settings' guess."""
+        """Time to keep for the recovered model's evaluations: the converted model's (same size, same lengths) as the
+        background evaluation measured it, once per evaluated variant, with room for starting, else the settings'
+        guess."""
         estimates = []
         for process in before.values():
             report = self.work / "evals" / f"{process.name}.json"
             if process.running() or not report.is_file():
                 return self.settings.final_eval_s
             lengths = json.loads(report.read_text())["models"]["path-step0"]["lengths"].values()
-            estimates.append(20 + 1.5 * sum(entry["seconds"] for entry in lengths))
+            # the recovered model is evaluated twice (as it is, with YaRN), each like PaTH at step 0
+            estimates.append(20 + 1.5 * len(self.recovered_models()) * sum(entry["seconds"] for entry in lengths))
         return max(estimates)
 
     def recover(self, probe: dict, before: dict[str, Process], stop_by: float) -> bool:
+        """The recovery run, its stages sized to fill the training time left: every stage's configured tokens scaled
+        by one factor k, so that sum_i k * tokens_i / rate_i (the probe's rates) is that time, each stage then rounded
+        down to whole steps of its own tokens per step (at least max(1, min_steps_per_stage))."""
         stages = probe["stages"]
         final_eval_s = self.final_eval_s(before)
         left = stop_by - time.monotonic() - final_eval_s
         evals = self.settings.recovery_evals
-        warmup_s = sum(stage["warmup_s"] for stage in stages.values())
+        warmup_s = sum(stage["warmup_s"] for stage in stages)
         train_s = left - probe["start_s"] - (evals + 1) * probe["eval_s"] - probe["end_s"] - warmup_s
         if self.settings.max_train_s is not None:
             train_s = min(train_s, self.settings.max_train_s)
         minimum = self.settings.min_steps_per_stage
         if train_s < 10 and not minimum:
             raise StepFailed(f"{left:.0f} s left leave {train_s:.0f} s of training: skipped")
-        share = {"align": ALIGN_SHARE, "distill": 1 - ALIGN_SHARE}
-        steps = {
-            stage.name: max(
-                1,
-                minimum,
-                int(stages[stage.name]["tokens_per_s"] * share[stage.name] * train_s) // self.tokens_per_step,
-            )
-            for stage in self.config.stages
-        }
-        total_steps = sum(steps.values())
+        plans = self.plans()
+        configured_s = sum(plan.stage.tokens / rate["tokens_per_s"] for plan, rate in zip(plans, stages, strict=True))
+        scale = max(0.0, train_s) / configured_s
+        steps = [max(1, minimum, int(scale * plan.stage.tokens) // plan.tokens_per_step) for plan in plans]
+        stage_tokens = [count * plan.tokens_per_step for count, plan in zip(steps, plans, strict=True)]
+        total_steps = sum(steps)
         sizing = {
             "train_s": round(train_s, 1),
             "final_eval_s": round(final_eval_s, 1),
-            "stage_tokens": {name: count * self.tokens_per_step for name, count in steps.items()},
+            "scale": scale,
+            "stage_tokens": stage_tokens,
+            "stage_steps": steps,
+            "planned_s": round(
+                sum(tokens / rate["tokens_per_s"] for tokens, rate in zip(stage_tokens, stages, strict=True)), 1
+            ),
             "eval_every": max(1, total_steps // (evals + 1)),
         }
         self.result["sizing"] = sizing
+        self.main_tokens = stage_tokens
         print(f"[smollm2] recovery run sized: {json.dumps(sizing)}", flush=True)
         process = self.launch(
             "main",
             self.recipe(
                 self.work / "main",
-                sizing["stage_tokens"],
+                stage_tokens,
                 "training.log_every=1",
                 f"training.eval_every={sizing['eval_every']}",
                 "training.save_every=1000000000",
@@ -531,7 +611,9 @@ class SmolLM2Run:
     def recovery(self) -> None:
         """The recovery run's curve (recovery.json, recovery.png) and its tokens/s past the first steps."""
         main = self.work / "main"
-        stages, _ = stage_timing(main / "logs" / "recovery" / "log.jsonl", self.settings.probe_skip)
+        stages = stage_timing(
+            main / "logs" / "recovery" / "log.jsonl", self.settings.probe_skip, self.plans(self.main_tokens)
+        )
         recovery = json.loads((main / "recovery.json").read_text())
         self.result["recovery"] = {
             "stages": stages,
@@ -576,24 +658,37 @@ class SmolLM2Run:
                 combined.write(f"===== {process.name}{cut}: {' '.join(process.command)}\n{text[-tail_bytes:]}\n")
 
 
-def _stage_rates(stages: dict[str, dict[str, float]]) -> str:
+def _stage_rates(stages: list[dict | None]) -> str:
     return ", ".join(
-        f"{name} {stage['tokens_per_s']:,.0f} tokens/s (first steps {stage['warmup_s']:.1f} s longer)"
-        for name, stage in stages.items()
+        f"{index} {stage['stage']}@{stage['block_size']} {stage['tokens_per_s']:,.0f} tokens/s (first steps "
+        f"{stage['warmup_s']:.1f} s longer)"
+        if stage
+        else f"{index}: too few steps"
+        for index, stage in enumerate(stages)
     )
 
 
 def markdown(result: dict) -> list[str]:
     """The section's lines in gpu_bench.md."""
-    lines = ["", "## (d) SmolLM2-135M-Instruct: RoPE dropped + forget gate, align then distill", ""]
+    lines = [
+        "",
+        "## (d) SmolLM2-135M-Instruct: RoPE interleaved with PaTH + forget gate; align, distill at 512, 2048, 8192",
+        "",
+    ]
     if probe := result.get("probe"):
         lines.append(
             f"- probe: {_stage_rates(probe['stages'])}; start {probe['start_s']} s, one evaluation "
             f"{probe['eval_s']} s, end {probe['end_s']} s"
         )
     if sizing := result.get("sizing"):
-        tokens = ", ".join(f"{stage} {count:,}" for stage, count in sizing["stage_tokens"].items())
-        lines.append(f"- recovery run sized to {tokens} tokens ({sizing['train_s']} s of training planned)")
+        tokens = ", ".join(
+            f"{index} {stage['stage']}@{stage['block_size']} {count:,}"
+            for index, (stage, count) in enumerate(zip(result["stages"], sizing["stage_tokens"], strict=True))
+        )
+        lines.append(
+            f"- recovery run sized to {tokens} tokens (the config's budgets x {sizing['scale']:.3g}, whole steps; "
+            f"{sizing['train_s']} s of training available, {sizing['planned_s']} s planned)"
+        )
     if recovery := result.get("recovery"):
         lines += [
             f"- recovery run, measured: {_stage_rates(recovery['stages'])}",
