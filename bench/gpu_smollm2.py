@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from path_hf.recipes.arguments import RecipeConfig
-from path_hf.recipes.schedule import StagePlan, plan_stages, tokens_before
+from path_hf.recipes.schedule import StagePlan, plan_stages, stage_at, tokens_before
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "recipes" / "configs" / "smollm2-135m-gpu.yaml"
@@ -205,7 +205,16 @@ class StepFailed(Exception):
 
 def stage_index(plans: list[StagePlan], step: int) -> int:
     """The index of the stage that logged step `step` (counted from 1, as the log counts) belongs to."""
-    return next(index for index, plan in enumerate(plans) if step <= plan.first_step + plan.steps)
+    return plans.index(stage_at(plans, step - 1))
+
+
+def size_stages(plans: list[StagePlan], rates: list[dict], train_s: float, minimum: int = 0) -> tuple[float, list[int]]:
+    """Every stage's configured tokens scaled by one factor k, so that sum_i k * tokens_i / rate_i (`rates`: each
+    stage's `tokens_per_s`) is `train_s`; returns k and each stage's steps: k * tokens_i rounded down to whole steps of
+    the stage's own tokens per step, at least max(1, `minimum`)."""
+    configured_s = sum(plan.stage.tokens / rate["tokens_per_s"] for plan, rate in zip(plans, rates, strict=True))
+    scale = max(0.0, train_s) / configured_s
+    return scale, [max(1, minimum, int(scale * plan.stage.tokens) // plan.tokens_per_step) for plan in plans]
 
 
 def stage_timing(log: Path, skip: int, plans: list[StagePlan]) -> list[dict | None]:
@@ -576,9 +585,7 @@ class SmolLM2Run:
         if train_s < 10 and not minimum:
             raise StepFailed(f"{left:.0f} s left leave {train_s:.0f} s of training: skipped")
         plans = self.plans()
-        configured_s = sum(plan.stage.tokens / rate["tokens_per_s"] for plan, rate in zip(plans, stages, strict=True))
-        scale = max(0.0, train_s) / configured_s
-        steps = [max(1, minimum, int(scale * plan.stage.tokens) // plan.tokens_per_step) for plan in plans]
+        scale, steps = size_stages(plans, stages, train_s, minimum)
         stage_tokens = [count * plan.tokens_per_step for count, plan in zip(steps, plans, strict=True)]
         total_steps = sum(steps)
         sizing = {
