@@ -25,6 +25,8 @@ from path_hf.errors import RecipeError
 
 STAGES = ("align", "distill", "lm")
 TRAINABLE = ("path", "gate", "attention", "full", "lora")
+# The sets a stage may narrow the run's to, each a subset of the next.
+NESTED_TRAINABLE = ("gate", "path", "attention", "full")
 TRACKERS = ("tensorboard", "jsonl", "wandb")
 
 
@@ -118,6 +120,9 @@ class Stage:
             "tokens per packed training sequence in this stage (default data.block_size): e.g. a last stage at "
             "longer blocks, for the attention at distances the first stages never showed"
         ),
+    )
+    trainable: str | None = field(
+        default=None, metadata=_help("a narrower set than training.trainable for this stage (default: the run's)")
     )
 
 
@@ -293,7 +298,7 @@ def read_yaml(text: str, where: str):
 
 def check_values(config: RecipeConfig) -> None:
     """Checks of values that need no file or model, each naming its field: sizes, rates and ratios in their ranges
-    (finite), a stage to run, known trackers."""
+    (finite), a stage to run, each stage's trainable set within the run's, known trackers."""
     data, training = config.data, config.training
     if not config.stages:
         raise RecipeError("stages is empty: give at least one of align, distill, lm")
@@ -345,6 +350,8 @@ def check_values(config: RecipeConfig) -> None:
         raise RecipeError(
             f"training.eval_lengths must be positive multiples of block_size, got {training.eval_lengths}"
         )
+    for i, stage in stages:
+        check_stage_trainable(f"stages.{i}.trainable", stage.trainable, training.trainable)
     unknown = sorted(set(training.log_with) - set(TRACKERS))
     if unknown:
         raise RecipeError(f"training.log_with: unknown tracker(s) {unknown}; use {', '.join(TRACKERS)}")
@@ -353,6 +360,29 @@ def check_values(config: RecipeConfig) -> None:
             raise RecipeError(f"training.log_with: {tracker} is not installed (pip install {tracker})")
     if bool(data.train_files) == bool(data.dataset):
         raise RecipeError("give exactly one of data.train_files (local files) and data.dataset (a hub dataset)")
+
+
+def check_stage_trainable(name: str, value: str | None, run: str) -> None:
+    """A stage's `trainable` (`name`): unset, or one of `NESTED_TRAINABLE` within the run's set (the optimizer is built
+    once, from the run's parameters), never with LoRA."""
+    if value is None:
+        return
+    if value not in NESTED_TRAINABLE:
+        raise RecipeError(
+            f"{name} must be one of {', '.join(NESTED_TRAINABLE)} (each a subset of the next), got {value!r}; leave it "
+            "unset to train training.trainable's set"
+        )
+    if run == "lora":
+        raise RecipeError(
+            f"{name} {value!r} cannot narrow training.trainable lora (the stage would train other parameters than the "
+            "LoRA run's): leave it unset, or give training.trainable one of attention, full"
+        )
+    if NESTED_TRAINABLE.index(value) > NESTED_TRAINABLE.index(run):
+        narrower = ", ".join(NESTED_TRAINABLE[: NESTED_TRAINABLE.index(run) + 1])
+        raise RecipeError(
+            f"{name} {value!r} is wider than training.trainable {run!r}: the optimizer holds only the run's "
+            f"parameters; give the stage one of {narrower}, or widen training.trainable to {value}"
+        )
 
 
 def flatten(tree: dict, sep: str = ".", prefix: str = "") -> dict:

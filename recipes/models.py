@@ -5,7 +5,7 @@ what of the student trains, the checks and placement each engine needs, and the 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -25,7 +25,7 @@ from path_hf.conversion.loading import load_causal_lm, load_config
 from path_hf.conversion.options import RUN_OPTIONS, ConvertOptions
 from path_hf.errors import ConversionError, RecipeError, first_line
 from path_hf.modeling_path_llama import FORGET_GATE_MODULES, LAYER_PARAMETER, PATH_MODULES
-from path_hf.recipes.arguments import ModelArguments, RecipeConfig, TrainingArguments
+from path_hf.recipes.arguments import ModelArguments, RecipeConfig, Stage, TrainingArguments
 
 
 @dataclass(frozen=True)
@@ -186,15 +186,31 @@ def shards_weights(distributed_type: DistributedType, deepspeed_plugin=None) -> 
     )
 
 
-def check_engine(training: TrainingArguments, distributed_type: DistributedType, deepspeed_plugin=None) -> None:
+def check_engine(
+    training: TrainingArguments,
+    distributed_type: DistributedType,
+    deepspeed_plugin=None,
+    stages: Sequence[Stage] = (),
+) -> None:
     """Refuse what the engine would do otherwise than configured: LoRA under FSDP or ZeRO-3 (its merge needs whole
-    weights on one process), and a DeepSpeed config whose `gradient_clipping` or `gradient_accumulation_steps`
-    differs from `training`'s (DeepSpeed clips and accumulates by its own config: accelerate logs an accumulation
-    mismatch and takes DeepSpeed's value, and says nothing of the clipping). Values left `auto` (or out) in the
-    DeepSpeed config get `training`'s (`gradient_accumulation_steps: auto` in an accelerate config fails in
-    accelerate itself: it reads that value as an int)."""
+    weights on one process), a stage's own `trainable` under any engine (DDP, FSDP and DeepSpeed set up their
+    gradient reduction once, for the parameters that require gradients when the model is prepared), and a DeepSpeed
+    config whose `gradient_clipping` or `gradient_accumulation_steps` differs from `training`'s (DeepSpeed clips and
+    accumulates by its own config: accelerate logs an accumulation mismatch and takes DeepSpeed's value, and says
+    nothing of the clipping). Values left `auto` (or out) in the DeepSpeed config get `training`'s
+    (`gradient_accumulation_steps: auto` in an accelerate config fails in accelerate itself: it reads that value as an
+    int)."""
     if training.trainable == "lora" and shards_weights(distributed_type, deepspeed_plugin):
         raise RecipeError("training.trainable=lora merges on one process: use DDP or DeepSpeed ZeRO-2, not FSDP/ZeRO-3")
+    narrowed = [i for i, stage in enumerate(stages) if stage.trainable is not None]
+    if narrowed and distributed_type != DistributedType.NO:
+        i = narrowed[0]
+        raise RecipeError(
+            f"stages.{i}.trainable {stages[i].trainable!r} changes what trains within a run, which only a run on "
+            f"one process can (this one runs under {distributed_type.value}, whose gradient reduction is set up once, "
+            "for the parameters that train at the start); run the stage as its own run instead, with model.path the "
+            "previous run's final model and training.trainable the stage's set"
+        )
     if deepspeed_plugin is None:
         return
     config = deepspeed_plugin.deepspeed_config
@@ -280,17 +296,32 @@ def select_trainable(model: PaTHLlamaForCausalLM, training: TrainingArguments) -
         return get_peft_model(model, lora)
     layers = path_attention_layers(model)
     for name, param in model.named_parameters():
-        if training.trainable == "full":
-            param.requires_grad_(True)
-        elif training.trainable == "path":
-            param.requires_grad_(_in_path_module(name))
-        elif training.trainable == "gate":
-            param.requires_grad_(_in_path_module(name, GATE_MODULES))
-        else:  # attention: everything in the self_attn of PaTH layers
-            layer = LAYER_PARAMETER.match(name)
-            in_path_layer = layer is not None and int(layer["layer"]) in layers
-            param.requires_grad_(in_path_layer and name.startswith("self_attn.", layer.end()))
+        param.requires_grad_(trains(name, training.trainable, layers))
     return model
+
+
+def trains(name: str, trainable: str, path_layers: Collection[int]) -> bool:
+    """Whether the set `trainable` (path, gate, attention or full) trains the parameter `name` of a model whose PaTH
+    attention layers are `path_layers` (indices)."""
+    if trainable == "full":
+        return True
+    if trainable == "path":
+        return _in_path_module(name)
+    if trainable == "gate":
+        return _in_path_module(name, GATE_MODULES)
+    # attention: everything in the self_attn of PaTH layers
+    layer = LAYER_PARAMETER.match(name)
+    return layer is not None and int(layer["layer"]) in path_layers and name.startswith("self_attn.", layer.end())
+
+
+def narrow_trainable(model: nn.Module, run_trainable: str, stage_trainable: str | None) -> None:
+    """Let a stage train `stage_trainable` (None: the run's set) of the run's `run_trainable` parameters: every other
+    parameter of `model` (unwrapped, as `select_trainable` got it) gets no gradient, so the optimizer built from the
+    run's parameters leaves it as it is. A single process only (`check_engine`)."""
+    layers = path_attention_layers(model)
+    stage_trainable = stage_trainable or run_trainable
+    for name, param in model.named_parameters():
+        param.requires_grad_(trains(name, run_trainable, layers) and trains(name, stage_trainable, layers))
 
 
 def _in_path_module(name: str, modules: tuple[str, ...] = PATH_MODULES) -> bool:

@@ -51,6 +51,7 @@ from path_hf.recipes.losses import AttentionAlignment, distillation_loss, lm_los
 from path_hf.recipes.models import (
     check_engine,
     load_models,
+    narrow_trainable,
     place_teacher,
     plan_models,
     replica_checksums,
@@ -95,7 +96,7 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
     state = RunState(config=recorded_config(config))
     if checkpoint is not None:  # the checkpoint whole, its run state sound and its config this one
         state = check_resume(checkpoint, read_checkpoint(checkpoint, accelerator), config, stages)
-    check_engine(training, accelerator.distributed_type, accelerator.state.deepspeed_plugin)
+    check_engine(training, accelerator.distributed_type, accelerator.state.deepspeed_plugin, config.stages)
 
     student, teacher = load_models(config, plan, accelerator)
     tokenizer = load_tokenizer(plan.student)
@@ -137,6 +138,7 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
 
     checkpointer = Checkpointer(accelerator, state, output_dir, training.keep_checkpoints)
     batches, block_size = None, None  # the batches of the current stage's block length
+    trainable_set = training.trainable  # the set that trains now: a stage may narrow the run's (one process only)
     reached_target = False
     with StopRequest() as stop, TrainingLog(total_steps, state, accelerator, training.log_every) as log:
         model.train()
@@ -146,6 +148,11 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
                 block_size = current.block_size
                 start = batches_drawn(stages, state.step, block_size, micro_batches)
                 batches = endless_batches(dataloaders[block_size], start)
+            if (current.stage.trainable or training.trainable) != trainable_set:
+                # The run's other parameters get no gradient (None after zero_grad): AdamW leaves them, and their
+                # moments, as they are.
+                trainable_set = current.stage.trainable or training.trainable
+                narrow_trainable(accelerator.unwrap_model(model), training.trainable, trainable_set)
             lr = learning_rate(current, state.step)
             set_learning_rate(optimizer, lr)
             step_loss, grad_norm = 0.0, None
