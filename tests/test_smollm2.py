@@ -1,13 +1,17 @@
 """`make smollm2`'s pipeline end to end, reduced (`examples/smollm2/run.py --quick`) on a tiny GGUF that the test
-writes: convert with --verify, evaluate the source (RoPE, YaRN, dynamic NTK), recover, evaluate PaTH (step 0,
-recovered), the extras (greedy answers, bfloat16 drift, lm-eval-harness), the summary and its goals."""
+writes: convert with --verify, evaluate the source (RoPE, YaRN, dynamic NTK), recover, tune the gate for long
+context, evaluate PaTH (step 0, recovered, long-tuned, with and without YaRN), the extras (greedy answers, bfloat16
+drift, lm-eval-harness), the summary and its goals."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 from tests import processes  # noqa: E402
@@ -39,9 +43,17 @@ def test_the_smollm2_pipeline_on_a_tiny_gguf(tmp_path):
     assert converted["model_type"] == "path_llama" and converted["path_conversion"]["source"] == str(gguf)
     assert converted["path_forget_gate_bias"] == report["recipe"]["model"]["convert"]["forget_gate_bias"]
     assert report["recovery"]["final"]["tokens"] == 256 * len(report["recipe"]["stages"])
+    assert report["long_tuning"]["final"]["tokens"] == 256 * len(report["long_recipe"]["stages"])
+
+    # The long-context tuning moved the gate (beta and the forget gate) of the recovered model, and nothing else.
+    recovered, tuned = (load_file(out / run / "final" / "model.safetensors") for run in ("train", "long"))
+    assert recovered.keys() == tuned.keys()
+    moved = {name for name in recovered if not torch.equal(recovered[name], tuned[name])}
+    assert moved and all(re.search(r"\.(bt_proj|bt_gain|g_proj|g_gain)\.", name) for name in moved), sorted(moved)
 
     models = ["source (RoPE)", "source + YaRN", "source + dynamic NTK", "PaTH, step 0", "PaTH, recovered"]
-    models.append("PaTH, recovered + YaRN")
+    models += ["PaTH, long-tuned", "PaTH, recovered + YaRN", "PaTH, long-tuned + YaRN"]
+    with_yarn = models[-2:]
     assert report["lengths"] == [64, 128] and list(report["texts"]) == TEXTS
     for text in TEXTS:
         ppl = {
@@ -52,12 +64,19 @@ def test_the_smollm2_pipeline_on_a_tiny_gguf(tmp_path):
         # The one-window pass at the longest length runs on one text, for plain RoPE, YaRN and the recovered model with
         # and without YaRN.
         long = {"source (RoPE)", "source + YaRN", "PaTH, recovered"} if text == LONG_TEXT else set()
-        for model in models[:-1]:
+        for model in models[:-2]:
             assert set(ppl[model]) == ({64, 128, 256} if model in long else {64, 128}), (text, model)
-        # The recovered model with YaRN (RoPE is kept) at the longest length of the main pass (and of the long one).
-        assert set(ppl["PaTH, recovered + YaRN"]) == ({128, 256} if text == LONG_TEXT else {128})
+        # The PaTH models with YaRN (RoPE is kept) at the longest length of the main pass (and of the long one).
+        for model in with_yarn:
+            assert set(ppl[model]) == ({128, 256} if text == LONG_TEXT else {128}), (text, model)
         assert goals_of(report, text)["recovered_yarn_over_yarn_16k"] == pytest.approx(
             ppl["PaTH, recovered + YaRN"][128] / ppl["source + YaRN"][128]
+        )
+        assert goals_of(report, text)["long_tuned_yarn_over_yarn_16k"] == pytest.approx(
+            ppl["PaTH, long-tuned + YaRN"][128] / ppl["source + YaRN"][128]
+        )
+        assert goals_of(report, text)["long_tuned_over_source_8k"] == pytest.approx(
+            ppl["PaTH, long-tuned"][64] / ppl["source (RoPE)"][64]
         )
         # The source and its scalings are one model within the training length (64 here), and differ past it.
         assert ppl["source + YaRN"][64] == pytest.approx(ppl["source (RoPE)"][64], rel=1e-6)
@@ -76,6 +95,13 @@ def test_the_smollm2_pipeline_on_a_tiny_gguf(tmp_path):
     assert report["goals"][LONG_TEXT]["recovered_yarn_over_yarn_32k"] == pytest.approx(
         long_ppl["PaTH, recovered + YaRN"]["256"] / long_ppl["source + YaRN"]["256"]
     )
+    assert report["goals"][LONG_TEXT]["long_tuned_yarn_over_yarn_32k"] == pytest.approx(
+        long_ppl["PaTH, long-tuned + YaRN"]["256"] / long_ppl["source + YaRN"]["256"]
+    )
+    # YaRN on the PaTH models at 3/4 of the source's factor (length / 64 here): 1.5 at 128, 3 at 256.
+    for label in with_yarn:
+        for length, factor in (("128", 1.5), ("256", 3.0)):
+            assert report["texts"][LONG_TEXT]["models"][label]["lengths"][length]["rope_factor"] == factor
 
     extras = report["extras"]
     assert all(len(extras["answers"][name]) == 5 for name in ("source", "recovered"))
