@@ -10,7 +10,8 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator
+from accelerate import Accelerator, DistributedType
+from accelerate.utils import extract_model_from_parallel
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -168,11 +169,30 @@ def _rope_kwargs(kwargs: dict) -> dict:
 KL_CHUNK = 256  # rows of the vocabulary-wide log-softmax formed at once by `distillation_loss`
 
 
+def holds_whole_weights(accelerator: Accelerator) -> bool:
+    """One process or DDP: every process holds whole weights, so a module may run outside the model's own forward.
+    FSDP and DeepSpeed gather the weights in the wrapped model's forward only."""
+    return accelerator.distributed_type not in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+
+
 def _kl_rows(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Sum over rows of KL(teacher || student) of softmax(logits / temperature), in float32."""
     student = F.log_softmax(student_logits.float() / temperature, -1)
     teacher = F.log_softmax(teacher_logits.float() / temperature, -1)
     return F.kl_div(student, teacher, log_target=True, reduction="sum")
+
+
+def _kl_rows_from_hidden(
+    student_hidden: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    student_head: nn.Module,
+    teacher_head: nn.Module,
+    temperature: float,
+) -> torch.Tensor:
+    """`_kl_rows` of the logits that the two LM heads give on these rows of final hidden states."""
+    with torch.no_grad():
+        teacher_logits = teacher_head(teacher_hidden)
+    return _kl_rows(student_head(student_hidden), teacher_logits, temperature)
 
 
 def distillation_loss(
@@ -181,26 +201,47 @@ def distillation_loss(
     batch: dict[str, torch.Tensor],
     temperature: float,
     chunk: int = KL_CHUNK,
+    whole_weights: bool = True,
 ) -> torch.Tensor:
     """Stage 2: KL(teacher || student) of the next-token distributions at softened `temperature`, times T^2, mean
     over the positions that predict a token of their own sequence.
 
-    The KL is formed `chunk` rows at a time, each recomputed in the backward (`torch.utils.checkpoint`): besides the
-    two models' logits and the student's logit gradient, memory holds one chunk's vocabulary-wide temporaries, not
-    the five or so full [tokens, vocabulary] tensors of a one-shot `F.kl_div` (at 2048 tokens and SmolLM2's 49,152
-    words, 400 MB each in float32)."""
+    The KL is formed `chunk` rows at a time, each recomputed in the backward (`torch.utils.checkpoint`):
+    - `whole_weights` (`holds_whole_weights`): the two models run with their LM heads on the last position only,
+      and each chunk's logits are formed by the heads from the final hidden states inside the recomputed chunk, so
+      no [tokens, vocabulary] tensor is ever whole. At 4096 tokens and SmolLM2's 49,152 words each is 805 MB in
+      float32, and the one-shot loss held five or so of them.
+    - otherwise (FSDP, DeepSpeed) the models return their whole logits and only the KL's temporaries are chunked:
+      memory holds the two models' logits and the student's logit gradient besides one chunk's temporaries.
+    """
     inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "use_cache": False}
     mask = batch["labels"][:, 1:] != IGNORE_INDEX
+    if not whole_weights:
+        with torch.no_grad():
+            teacher_logits = teacher(**inputs).logits[:, :-1][mask]  # in the teacher's dtype: float32 per chunk
+        student_logits = model(**inputs).logits[:, :-1][mask]
+        pieces = [
+            checkpoint(_kl_rows, rows, target, temperature, use_reentrant=False)
+            for rows, target in zip(student_logits.split(chunk), teacher_logits.split(chunk), strict=True)
+        ]
+        return _mean_kl(pieces, student_logits, temperature)
+    # The last hidden state that transformers returns is the final norm's output, the LM head's input.
+    inputs |= {"output_hidden_states": True, "logits_to_keep": 1}
     with torch.no_grad():
-        teacher_logits = teacher(**inputs).logits[:, :-1][mask]  # in the teacher's dtype: float32 per chunk
-    student_logits = model(**inputs).logits[:, :-1][mask]
-    if not len(student_logits):  # no position predicts a token of its own sequence: nothing to match
-        return student_logits.sum()
+        teacher_hidden = teacher(**inputs).hidden_states[-1][:, :-1][mask]
+    student_hidden = model(**inputs).hidden_states[-1][:, :-1][mask]
+    heads = [extract_model_from_parallel(m).get_output_embeddings() for m in (model, teacher)]
     pieces = [
-        checkpoint(_kl_rows, rows, target, temperature, use_reentrant=False)
-        for rows, target in zip(student_logits.split(chunk), teacher_logits.split(chunk), strict=True)
+        checkpoint(_kl_rows_from_hidden, rows, target, *heads, temperature, use_reentrant=False)
+        for rows, target in zip(student_hidden.split(chunk), teacher_hidden.split(chunk), strict=True)
     ]
-    return torch.stack(pieces).sum() / len(student_logits) * temperature**2
+    return _mean_kl(pieces, student_hidden, temperature)
+
+
+def _mean_kl(pieces: list[torch.Tensor], rows: torch.Tensor, temperature: float) -> torch.Tensor:
+    if not len(rows):  # no position predicts a token of its own sequence: nothing to match
+        return rows.sum()
+    return torch.stack(pieces).sum() / len(rows) * temperature**2
 
 
 def lm_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -23,13 +23,14 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator, DistributedDataParallelKwargs, DistributedType
+from accelerate import Accelerator, DistributedDataParallelKwargs
 from accelerate.utils import ProjectConfiguration, set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 
 from path_hf.conversion.loading import load_tokenizer
 from path_hf.errors import CommandError, RecipeError
+from path_hf.recipes.allocator import return_freed_memory
 from path_hf.recipes.arguments import RecipeConfig, TrainingArguments, parse_command, read_config
 from path_hf.recipes.checkpoints import (
     Checkpointer,
@@ -47,7 +48,7 @@ from path_hf.recipes.checkpoints import (
     restore_checkpoint,
 )
 from path_hf.recipes.data import endless_batches, evaluation_windows, load_documents, training_blocks
-from path_hf.recipes.losses import AttentionAlignment, distillation_loss, lm_loss
+from path_hf.recipes.losses import AttentionAlignment, distillation_loss, holds_whole_weights, lm_loss
 from path_hf.recipes.models import (
     check_engine,
     load_models,
@@ -102,7 +103,7 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
     tokenizer = load_tokenizer(plan.student)
     model = trainable_model(student, training)
     # Sharded engines gather their weights in the model's own forward: the student must run whole there.
-    isolated = accelerator.distributed_type not in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+    isolated = holds_whole_weights(accelerator)
     alignment = AttentionAlignment(model, teacher, isolated=isolated) if uses_alignment else None
     # One packing of the training data per block length the stages use, each read from its own position.
     settings = {}  # block length -> the setting that asks for it first, for messages
@@ -230,7 +231,9 @@ def train_micro_batch(
             if stage == "align":  # isolated, the loss comes back already backpropagated
                 loss = alignment.loss(model, teacher, batch, accelerator)
             elif stage == "distill":
-                loss = distillation_loss(model, teacher, batch, training.distill_temperature)
+                loss = distillation_loss(
+                    model, teacher, batch, training.distill_temperature, whole_weights=holds_whole_weights(accelerator)
+                )
             else:
                 loss = lm_loss(model, batch)
             if all_processes(accelerator, not torch.isfinite(loss).item()):
@@ -269,4 +272,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     follow_launcher()
+    return_freed_memory()
     sys.exit(main())

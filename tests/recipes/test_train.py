@@ -256,10 +256,13 @@ def test_teacher_dtype_auto_takes_bfloat16_where_the_cpu_is_fast_at_it(monkeypat
     assert teacher_dtype("float16", torch.device("cpu")) is torch.float16
 
 
+@pytest.mark.parametrize("whole_weights", [True, False], ids=["heads-per-chunk", "whole-logits"])
 @pytest.mark.parametrize("chunk", [3, 1000], ids=["chunked", "one-chunk"])
-def test_distillation_loss_is_the_kl_over_predicting_positions_by_brute_force(tmp_path, chunk):
+def test_distillation_loss_is_the_kl_over_predicting_positions_by_brute_force(tmp_path, chunk, whole_weights):
     """The chunked, recomputed KL equals KL(teacher || student) written out from the two softmaxes, over the positions
-    whose next token is in their own document, with its gradients, at a temperature other than 1."""
+    whose next token is in their own document, with its gradients, at a temperature other than 1: with the logits
+    formed chunk by chunk from the final hidden states (one process, DDP) and from the models' whole logits (FSDP,
+    DeepSpeed). The student's head is untied, so its own gradient is checked too."""
     from path_hf.conversion.convert import convert
     from path_hf.conversion.options import ConvertOptions
     from path_hf.recipes.losses import distillation_loss
@@ -284,7 +287,7 @@ def test_distillation_loss_is_the_kl_over_predicting_positions_by_brute_force(tm
             keep = labels[:, 1:] != -100
             loss = kl[keep].mean() * temperature**2
         else:
-            loss = distillation_loss(student, teacher, batch, temperature, chunk=chunk)
+            loss = distillation_loss(student, teacher, batch, temperature, chunk=chunk, whole_weights=whole_weights)
         loss.backward()
         grads.append((loss.item(), {n: p.grad.double() for n, p in student.named_parameters()}))
     (loss, grad), (expected, expected_grad) = grads

@@ -1,0 +1,99 @@
+"""Peak memory of one distill step: the LM heads run per chunk from the final hidden states, against whole logits.
+
+    python bench/distill_memory.py --teacher SOURCE --student CONVERTED [--block 4096] [--trainable gate]
+
+SOURCE is the RoPE model (a checkpoint directory or a .gguf file), CONVERTED its PaTH conversion (`path-hf convert`).
+Each case is one forward and backward of `distillation_loss` on one random block of `--block` tokens, with activation
+checkpointing and `--trainable` as the recipe sets them, in a fresh process of its own (one thread), so that its peak
+resident memory (ru_maxrss) is its own:
+- `whole-logits`: the two models return their [block, vocabulary] logits and only the KL is chunked (what the recipe
+  does under FSDP and DeepSpeed, and did everywhere before);
+- `heads-per-chunk`: the heads run inside each recomputed chunk of rows (one process, DDP);
+- `heads-per-chunk, freed returned`: the same with `path_hf.recipes.allocator.return_freed_memory()` called first,
+  as recipes/train.py does (glibc's mmap threshold fixed at 1 MiB).
+Prints a Markdown table: peak RSS, the peak over the loaded models, seconds, and each ratio to `whole-logits`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+# case: (heads per chunk, freed memory returned to the system)
+CASES = {
+    "whole-logits": (False, False),
+    "heads-per-chunk": (True, False),
+    "heads-per-chunk, freed returned": (True, True),
+}
+
+
+def measure(args: argparse.Namespace, whole_weights: bool, returned: bool) -> dict:
+    import torch
+
+    from path_hf.recipes.allocator import return_freed_memory
+
+    if returned and not return_freed_memory():
+        raise SystemExit("return_freed_memory did nothing here (not glibc, or MALLOC_MMAP_THRESHOLD_ is set)")
+
+    from path_hf.conversion.loading import load_causal_lm
+    from path_hf.evaluation import IGNORE_INDEX
+    from path_hf.recipes.arguments import TrainingArguments
+    from path_hf.recipes.losses import distillation_loss
+    from path_hf.recipes.models import teacher_dtype, trainable_model
+
+    torch.set_num_threads(1)
+    teacher = load_causal_lm(args.teacher, teacher_dtype("auto", torch.device("cpu"))).eval()  # as the recipe
+    student = load_causal_lm(args.student, torch.float32)
+    training = TrainingArguments(output_dir="unused", trainable=args.trainable, activation_checkpointing=True)
+    model = trainable_model(student, training).train()  # checkpointing acts in training mode only
+    loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    input_ids = torch.randint(3, teacher.config.vocab_size, (1, args.block), generator=torch.Generator().manual_seed(0))
+    labels = input_ids.clone()
+    labels[:, 0] = IGNORE_INDEX
+    batch = {"input_ids": input_ids, "position_ids": torch.arange(args.block)[None], "labels": labels}
+    started = time.perf_counter()
+    loss = distillation_loss(model, teacher, batch, 2.0, whole_weights=whole_weights)
+    loss.backward()
+    seconds = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return {"peak_gib": peak, "loaded_gib": loaded, "seconds": seconds, "loss": loss.item()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--teacher", required=True)
+    parser.add_argument("--student", required=True)
+    parser.add_argument("--block", type=int, default=4096)
+    parser.add_argument("--trainable", default="gate", choices=["gate", "path", "attention", "full"])
+    parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)  # one case, in a child process
+    args = parser.parse_args()
+    if args.case:
+        print(json.dumps(measure(args, *CASES[args.case])))
+        return
+    rows = {}
+    for case in CASES:
+        command = [sys.executable, __file__, *sys.argv[1:], "--case", case]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env.pop("MALLOC_MMAP_THRESHOLD_", None)
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+        if done.returncode:
+            sys.exit(f"{case} failed:\n{done.stderr[-3000:]}")
+        rows[case] = json.loads(done.stdout.strip().splitlines()[-1])
+    base = rows["whole-logits"]
+    print(f"block {args.block}, trainable {args.trainable}, one thread, one process a case\n")
+    print("| case | peak RSS (GiB) | over the loaded models (GiB) | seconds | peak ratio | loss |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for case, row in rows.items():
+        over = row["peak_gib"] - row["loaded_gib"]
+        ratio = row["peak_gib"] / base["peak_gib"]
+        cells = [f"{row['peak_gib']:.2f}", f"{over:.2f}", f"{row['seconds']:.0f}", f"{ratio:.2f}", f"{row['loss']:.5f}"]
+        print(f"| {case} | {' | '.join(cells)} |")
+
+
+if __name__ == "__main__":
+    main()
