@@ -5,8 +5,9 @@
 python examples/smollm2/screen.py examples/smollm2/screens/no-training.yaml --output runs/screen/no-training
 ```
 
-The screen file names the texts, the lengths, the tokens read and the rows; a row is a model (`{gguf}`, `{converted}`
-and `{recovered}` stand for `make smollm2`'s files under `--smollm2`, default runs/smollm2, and `{band}` for `--band`,
+The screen file names the texts, the lengths, the tokens read and the rows; a row is a model (`{gguf}`, `{converted}`,
+`{recovered}` and `{long_tuned}` stand for `make smollm2`'s files under `--smollm2`, default runs/smollm2, and `{band}`
+for `--band`,
 the critical-band run's final model), optionally with a RoPE
 scaling (`@yarn`, as `path-hf eval` takes it) and config fields changed for the evaluation (`config:`; the variant is
 a folder of links to the checkpoint's files beside its own config.json, made under the output) and optionally the
@@ -35,6 +36,10 @@ from transformers import AutoConfig
 
 import path_hf  # noqa: F401  (registers path_llama with the Auto classes)
 
+sys.path.insert(0, str(Path(__file__).parent))
+from run import Plan  # noqa: E402  (make smollm2's files)
+from run import parse_args as smollm2_args  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = {
     "python-docs": "examples/default_model/data/eval.jsonl.xz",
@@ -42,7 +47,6 @@ TEXTS = {
     # training text (the recipe trains on it): where a search tunes what it then reports on the held-out texts above
     "austen-train": "examples/data/austen/train.jsonl.xz",
 }
-GGUF = "download/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def slug(text: str) -> str:
@@ -50,8 +54,9 @@ def slug(text: str) -> str:
 
 
 def resolve(spec: str, smollm2: Path, band: Path) -> str:
-    places = {"gguf": smollm2 / GGUF, "converted": smollm2 / "converted", "recovered": smollm2 / "train" / "final"}
-    places["band"] = band
+    plan = Plan(smollm2_args(["--output", str(smollm2)]))
+    places = {"gguf": plan.gguf, "converted": plan.converted, "recovered": plan.recovered}
+    places |= {"long_tuned": plan.long_tuned, "band": band}
     return spec.format(**{name: os.path.relpath(path, ROOT) for name, path in places.items()})
 
 

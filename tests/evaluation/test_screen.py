@@ -2,6 +2,7 @@
 table, and cells kept on a rerun."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +100,28 @@ def test_screen_refuses_a_row_length_outside_the_screen(checkpoints, tmp_path):
     }
     done = run_screen(screen, tmp_path)
     assert done.returncode != 0 and "odd" in done.stderr and "48" in done.stderr
+
+
+def test_screen_placeholders_name_the_files_of_make_smollm2(checkpoints, tmp_path):
+    """`{recovered}` and `{long_tuned}` are the recovered and long-tuned models where examples/smollm2/run.py writes
+    them under `--smollm2`."""
+    smollm2 = tmp_path / "smollm2"
+    for place in ("train", "long"):
+        (smollm2 / place).mkdir(parents=True)
+        (smollm2 / place / "final").symlink_to(checkpoints["path"])
+    screen = {
+        "texts": ["python-docs"],
+        "lengths": [32],
+        "max_tokens": 32,
+        "train_length": 32,
+        "rows": [{"label": "recovered", "model": "{recovered}"}, {"label": "tuned", "model": "{long_tuned}"}],
+    }
+    path = tmp_path / "screen.yaml"
+    path.write_text(yaml.safe_dump(screen))
+    command = [sys.executable, SCREEN, path, "--output", tmp_path / "out", "--jobs", "2", "--smollm2", smollm2]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    models = json.loads((tmp_path / "out" / "screen.json").read_text())["models"]  # relative to the repository
+    # the two are links to one checkpoint: compare the paths, not what they point to
+    assert os.path.normpath(ROOT / models["recovered"]) == str(smollm2.resolve() / "train" / "final")
+    assert os.path.normpath(ROOT / models["tuned"]) == str(smollm2.resolve() / "long" / "final")
