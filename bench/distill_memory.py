@@ -1,6 +1,6 @@
 """Peak memory of one distill step: the LM heads run per chunk from the final hidden states, against whole logits.
 
-    python bench/distill_memory.py --teacher SOURCE --student CONVERTED [--block 4096] [--trainable gate]
+    python bench/distill_memory.py --teacher SOURCE --student CONVERTED [--block 4096] [--steps 1] [--trainable gate]
 
 SOURCE is the RoPE model (a checkpoint directory or a .gguf file), CONVERTED its PaTH conversion (`path-hf convert`).
 Each case is one forward and backward of `distillation_loss` on one random block of `--block` tokens, with activation
@@ -9,9 +9,11 @@ resident memory (ru_maxrss) is its own:
 - `whole-logits`: the two models return their [block, vocabulary] logits and only the KL is chunked (what the recipe
   does under FSDP and DeepSpeed, and did everywhere before);
 - `heads-per-chunk`: the heads run inside each recomputed chunk of rows (one process, DDP);
-- `heads-per-chunk, freed returned`: the same with `path_hf.recipes.allocator.return_freed_memory()` called first,
-  as recipes/train.py does (glibc's mmap threshold fixed at 1 MiB).
-Prints a Markdown table: peak RSS, the peak over the loaded models, seconds, and each ratio to `whole-logits`.
+- `heads-per-chunk, mmap threshold N MiB`: the same with glibc's mmap threshold fixed at N MiB (`--thresholds`;
+  `MALLOC_MMAP_THRESHOLD_` in the child's environment), so that freed blocks of at least N MiB go back to the system
+  (recipes/README.md, "Memory on CPU").
+Prints a Markdown table: peak RSS, the peak over the loaded models, seconds (the median of `--steps` steps), and each
+ratio to the first case run.
 """
 
 from __future__ import annotations
@@ -20,25 +22,20 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
 
-# case: (heads per chunk, freed memory returned to the system)
-CASES = {
-    "whole-logits": (False, False),
-    "heads-per-chunk": (True, False),
-    "heads-per-chunk, freed returned": (True, True),
-}
+
+def cases(thresholds: list[float]) -> dict[str, tuple[bool, float]]:
+    """Case name: (heads per chunk, glibc's mmap threshold in MiB set by `MALLOC_MMAP_THRESHOLD_`, 0 for its own)."""
+    named = {"whole-logits": (False, 0.0), "heads-per-chunk": (True, 0.0)}
+    return named | {f"heads-per-chunk, mmap threshold {mib:g} MiB": (True, mib) for mib in thresholds}
 
 
-def measure(args: argparse.Namespace, whole_weights: bool, returned: bool) -> dict:
+def measure(args: argparse.Namespace, whole_weights: bool) -> dict:
     import torch
-
-    from path_hf.recipes.allocator import return_freed_memory
-
-    if returned and not return_freed_memory():
-        raise SystemExit("return_freed_memory did nothing here (not glibc, or MALLOC_MMAP_THRESHOLD_ is set)")
 
     from path_hf.conversion.loading import load_causal_lm
     from path_hf.evaluation import IGNORE_INDEX
@@ -56,10 +53,13 @@ def measure(args: argparse.Namespace, whole_weights: bool, returned: bool) -> di
     labels = input_ids.clone()
     labels[:, 0] = IGNORE_INDEX
     batch = {"input_ids": input_ids, "position_ids": torch.arange(args.block)[None], "labels": labels}
-    started = time.perf_counter()
-    loss = distillation_loss(model, teacher, batch, 2.0, whole_weights=whole_weights)
-    loss.backward()
-    seconds = time.perf_counter() - started
+    times = []
+    for _ in range(args.steps):
+        started = time.perf_counter()
+        loss = distillation_loss(model, teacher, batch, 2.0, whole_weights=whole_weights)
+        loss.backward()
+        times.append(time.perf_counter() - started)
+    seconds = statistics.median(times)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return {"peak_gib": peak, "loaded_gib": loaded, "seconds": seconds, "loss": loss.item()}
 
@@ -69,29 +69,35 @@ def main() -> None:
     parser.add_argument("--teacher", required=True)
     parser.add_argument("--student", required=True)
     parser.add_argument("--block", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=1, help="steps per case; the seconds are their median")
     parser.add_argument("--trainable", default="gate", choices=["gate", "path", "attention", "full"])
-    parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)  # one case, in a child process
+    parser.add_argument("--thresholds", default="1", help="comma-separated glibc mmap thresholds (MiB), a case each")
+    parser.add_argument("--skip", default="", help="comma-separated cases left out (whole-logits, heads-per-chunk)")
+    parser.add_argument("--case", help=argparse.SUPPRESS)  # one case, in a child process
     args = parser.parse_args()
+    chosen = cases([float(mib) for mib in args.thresholds.split(",")])
     if args.case:
-        print(json.dumps(measure(args, *CASES[args.case])))
+        print(json.dumps(measure(args, chosen[args.case][0])))
         return
     rows = {}
-    for case in CASES:
+    for case in [name for name in chosen if name not in args.skip.split(",")]:
         command = [sys.executable, __file__, *sys.argv[1:], "--case", case]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         env.pop("MALLOC_MMAP_THRESHOLD_", None)
+        if threshold := chosen[case][1]:  # glibc reads it when the process starts
+            env["MALLOC_MMAP_THRESHOLD_"] = str(int(threshold * 2**20))
         done = subprocess.run(command, capture_output=True, text=True, env=env)
         if done.returncode:
             sys.exit(f"{case} failed:\n{done.stderr[-3000:]}")
         rows[case] = json.loads(done.stdout.strip().splitlines()[-1])
-    base = rows["whole-logits"]
+    base = next(iter(rows.values()))
     print(f"block {args.block}, trainable {args.trainable}, one thread, one process a case\n")
-    print("| case | peak RSS (GiB) | over the loaded models (GiB) | seconds | peak ratio | loss |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| case | peak RSS (GiB) | over the loaded models (GiB) | seconds | peak ratio | time ratio | loss |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for case, row in rows.items():
         over = row["peak_gib"] - row["loaded_gib"]
-        ratio = row["peak_gib"] / base["peak_gib"]
-        cells = [f"{row['peak_gib']:.2f}", f"{over:.2f}", f"{row['seconds']:.0f}", f"{ratio:.2f}", f"{row['loss']:.5f}"]
+        ratios = [f"{row[key] / base[key]:.2f}" for key in ("peak_gib", "seconds")]
+        cells = [f"{row['peak_gib']:.2f}", f"{over:.2f}", f"{row['seconds']:.1f}", *ratios, f"{row['loss']:.5f}"]
         print(f"| {case} | {' | '.join(cells)} |")
 
 

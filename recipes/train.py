@@ -30,7 +30,6 @@ from torch.utils.data import DataLoader
 
 from path_hf.conversion.loading import load_tokenizer
 from path_hf.errors import CommandError, RecipeError
-from path_hf.recipes.allocator import return_freed_memory
 from path_hf.recipes.arguments import RecipeConfig, TrainingArguments, parse_command, read_config
 from path_hf.recipes.checkpoints import (
     Checkpointer,
@@ -272,5 +271,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     follow_launcher()
-    return_freed_memory()
     sys.exit(main())
