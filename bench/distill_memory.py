@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated cases left out (whole-logits, heads-per-chunk)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # one case, in a child process
     args = parser.parse_args()
-    chosen = cases([float(mib) for mib in args.thresholds.split(",")])
+    chosen = cases([float(mib) for mib in args.thresholds.split(",") if mib])
     if args.case:
         print(json.dumps(measure(args, chosen[args.case][0])))
         return
