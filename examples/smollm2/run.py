@@ -112,11 +112,18 @@ def run(command: list, threads: int | None, log: Path | None = None) -> None:
     print(f"[{time.perf_counter() - started:.0f} s; peak RSS of any step so far {peak:.2f} GiB]", flush=True)
 
 
+def from_root(path: Path) -> Path:
+    """`path` relative to the repository root where it lies inside it, else absolute. Every step runs in the root,
+    so the files it writes (the evaluations' JSON) name no machine's directories."""
+    path = path.resolve()
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 class Plan:
     """Where each step writes, and what the budgets are (full or `--quick`)."""
 
     def __init__(self, args: argparse.Namespace):
-        self.out = args.output.resolve()
+        self.out = from_root(args.output)
         self.recipe = yaml.safe_load(RECIPE.read_text())
         self.long_recipe = yaml.safe_load(LONG_RECIPE.read_text())
         self.block = 64 if args.quick else self.recipe["data"]["block_size"]
@@ -130,7 +137,7 @@ class Plan:
             self.long_length = 32768  # one window, on LONG_TEXT only (about 25 minutes a PaTH model on 2 cores)
             self.context = SOURCE_CONTEXT
             self.step0_lengths = [self.block, 4 * self.block]
-        self.gguf = args.gguf.resolve() if args.gguf else self.out / "download" / GGUF_NAME
+        self.gguf = from_root(args.gguf) if args.gguf else self.out / "download" / GGUF_NAME
         self.converted = self.out / "converted"
         self.train = self.out / "train"
         self.recovered = self.train / "final"
@@ -394,6 +401,7 @@ def summary_text(plan: Plan, report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = Plan(args)
+    os.chdir(ROOT)  # where the plan's relative paths lie, as for the steps
     plan.out.mkdir(parents=True, exist_ok=True)
     asked = set(args.steps.split(",")) if args.steps else set()
     if unknown := asked - set(STEPS):

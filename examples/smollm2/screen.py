@@ -57,7 +57,7 @@ def resolve(spec: str, smollm2: Path, band: Path) -> str:
     plan = Plan(smollm2_args(["--output", str(smollm2)]))
     places = {"gguf": plan.gguf, "converted": plan.converted, "recovered": plan.recovered}
     places |= {"long_tuned": plan.long_tuned, "band": band}
-    return spec.format(**{name: os.path.relpath(path, ROOT) for name, path in places.items()})
+    return spec.format(**{name: os.path.relpath(ROOT / path, ROOT) for name, path in places.items()})
 
 
 def variant(model: str, fields: dict, folder: Path) -> str:
