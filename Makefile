@@ -57,9 +57,10 @@ lab: install
 # min on 2 cores), evaluates source, YaRN, dynamic NTK and PaTH to 32768 tokens, and the extras; 3-4 hours in all
 # on 2 cores. Output in runs/smollm2; a step whose output exists is reused (STEPS=eval-path,extras reruns some).
 STEPS ?=
+JOBS ?=
 smollm2: install
 	$(PY) examples/smollm2/run.py --output runs/smollm2 $(if $(SMOLLM2_GGUF),--gguf $(SMOLLM2_GGUF)) \
-		$(if $(STEPS),--steps $(STEPS))
+		$(if $(STEPS),--steps $(STEPS)) $(if $(JOBS),--jobs $(JOBS) --threads 1)
 
 bench: install
 	$(PY) bench/attention_cpu.py
