@@ -238,7 +238,7 @@ def train(plan: Plan, recipe_file: Path, recipe: dict, model: Path, output_dir: 
         overrides += [f"data.block_size={plan.block}", "data.eval_tokens=512", "training.eval_every=1000"]
     launch = [*tool("accelerate", "accelerate.commands.accelerate_cli"), "launch", "--cpu", "--num_processes", "1"]
     launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    run([*launch, ROOT / "recipes" / "train.py", "--config", recipe_file, *overrides], threads)
+    run([*launch, Path("recipes") / "train.py", "--config", recipe_file.relative_to(ROOT), *overrides], threads)
 
 
 def evaluate(plan: Plan, group: str, threads: int | None, redo: bool, jobs: int = 1) -> None:
