@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from path_hf.evaluation.command import common_train_length
 from path_hf.recipes.arguments import RecipeConfig
 from path_hf.recipes.schedule import StagePlan, plan_stages, stage_at, tokens_before
 
@@ -283,8 +284,7 @@ def convert_flags(options: dict) -> list[str]:
 def merge_reports(before: dict, after: dict | None) -> dict:
     """One `path-hf eval` report of every model of both evaluations (the same text, lengths and windows)."""
     merged = {**before, "models": {**before["models"], **((after or {}).get("models") or {})}}
-    train_lengths = {record["train_length"] for record in merged["models"].values()}
-    merged["train_length"] = train_lengths.pop() if len(train_lengths) == 1 else None
+    merged["train_length"] = common_train_length(merged["models"].values())
     return merged
 
 

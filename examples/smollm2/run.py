@@ -44,7 +44,7 @@ import yaml
 
 from path_hf.atomic import atomic_file
 from path_hf.evaluation import plot_lengths
-from path_hf.evaluation.command import ModelSpec
+from path_hf.evaluation.command import ModelSpec, common_train_length
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "configs" / "smollm2-135m-cpu.yaml"
@@ -269,8 +269,7 @@ def evaluate(plan: Plan, group: str, threads: int | None, redo: bool, jobs: int 
     for output, files in parts.items():
         reports = [json.loads(part.read_text()) for part in files]
         joined = reports[0] | {"models": {label: r for report in reports for label, r in report["models"].items()}}
-        train_lengths = {report["train_length"] for report in reports}
-        joined["train_length"] = train_lengths.pop() if len(train_lengths) == 1 else None
+        joined["train_length"] = common_train_length(reports)  # path-hf eval's rule, over the parts
         with atomic_file(output) as tmp:
             tmp.write_text(json.dumps(joined, indent=2) + "\n")
         for part in files:

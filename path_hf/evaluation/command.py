@@ -36,6 +36,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -330,6 +331,13 @@ def _train_length(config, given: int | None) -> int | None:
         return given
     rope = getattr(config, "rope_parameters", None) or {}
     return rope.get("original_max_position_embeddings") or getattr(config, "max_position_embeddings", None)
+
+
+def common_train_length(records: Iterable[dict]) -> int | None:
+    """The report's `train_length`: the one training context of all `records` (each a model's, or a whole report's,
+    with a `"train_length"`), or None when they differ."""
+    train_lengths = {record["train_length"] for record in records}
+    return train_lengths.pop() if len(train_lengths) == 1 else None
 
 
 def scaling_is_identity(rope_scaling: str, factor: float, length: int, train_length: int) -> bool:
@@ -741,8 +749,7 @@ def run_eval(options: EvalOptions) -> dict:
         report["models"][spec.label] = evaluate_model(spec, options, tokens[spec.label], unscaled) | {
             "spec": asdict(spec)
         }
-    train_lengths = {record["train_length"] for record in report["models"].values()}
-    report["train_length"] = train_lengths.pop() if len(train_lengths) == 1 else None
+    report["train_length"] = common_train_length(report["models"].values())
     print(format_table(report))
     if options.output:
         with atomic_file(options.output) as tmp:
@@ -757,4 +764,12 @@ def run_eval(options: EvalOptions) -> dict:
     return report
 
 
-__all__ = ["EvalOptions", "ModelSpec", "format_table", "parse_depths", "parse_lengths", "run_eval"]
+__all__ = [
+    "EvalOptions",
+    "ModelSpec",
+    "common_train_length",
+    "format_table",
+    "parse_depths",
+    "parse_lengths",
+    "run_eval",
+]
