@@ -11,7 +11,9 @@ The hybrid-layers idea of issue 24 keeps RoPE, in distribution, in local layers 
 the source's context, and leaves long range to a few global layers. This measures its local half on the source model
 itself, before any PaTH layer or training is involved: every layer outside the global ones attends to the last
 `--window` W keys only, itself included (Mistral's `sliding_window`: key j is seen from query i when 0 <= i - j < W),
-plus the first `--sinks` keys at their own positions (StreamingLLM's attention sinks, without its re-numbering). The
+plus the first `--sinks` N keys (StreamingLLM's attention sinks): at their own positions, or with `--renumber-sinks`
+renumbered as StreamingLLM's cache does, as if they stood just before the window (a query i sees sink s at distance
+`min(i, W - 1 + N) - s`, never further than the window reaches, so no distance is out of distribution). The
 global layers (every `--global-every`-th layer, counting from the last of each group, or `--global-layers`) attend to
 every earlier key with YaRN of factor `--yarn` on their RoPE (transformers' YaRN, as `path-hf eval` applies it), or
 plain RoPE without `--yarn`. With no global layer every layer is local; with every layer global and `--yarn` it is
@@ -33,6 +35,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
 sys.path.insert(0, str(Path(__file__).parent))
 from attention_mass import shown  # noqa: E402  (paths relative to the repository)
@@ -52,6 +58,72 @@ def local_mask(length: int, window: int, sinks: int = 0) -> torch.Tensor:
     return ((j <= i) & ((i - j < window) | (j < sinks)))[None, None]
 
 
+# The attention of this script's hybrids: SDPA, except in local layers with renumbered sinks (`renumbered_sinks`).
+ATTENTION = "local_layers_sdpa"
+BLOCK = 1024  # queries at a time in renumbered_sink_attention
+
+
+def renumbered_sink_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    *,
+    window: int | None = None,
+    sinks: int = 0,
+    inv_freq: torch.Tensor | None = None,
+    block: int | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface: SDPA, or, given a `window`, the window of the last `window` keys plus the
+    first `sinks` keys renumbered as in StreamingLLM's cache.
+
+    q, k `[B, H, S, D]` come rotated by RoPE at their own positions (`inv_freq`: the layer's unscaled frequencies).
+    A sink s outside the window of query i is seen at distance `min(i, cap) - s`, `cap = window - 1 + sinks`: its
+    logit is the query rotated back by `max(0, i - cap)` positions against the sink's key at its own position. Queries
+    in blocks of `block` (default `BLOCK`), each against its window and the sinks, so nothing of size S x S is
+    formed."""
+    if window is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    block = block or BLOCK
+    groups = query.shape[1] // key.shape[1]
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    length = query.shape[2]
+    positions = torch.arange(length, device=query.device)
+    back = (positions - (window - 1 + sinks)).clamp(min=0).to(inv_freq.dtype)
+    angles = torch.cat([back[:, None] * inv_freq[None]] * 2, dim=-1).to(query.dtype)
+    query_back = query * angles.cos() - rotate_half(query) * angles.sin()  # RoPE by -back
+    output = torch.empty_like(query)
+    for start in range(0, length, block):
+        stop = min(start + block, length)
+        first = max(0, start - window + 1)
+        i = positions[start:stop, None]
+        j = positions[None, first:stop]
+        s = positions[None, :sinks]
+        logits = torch.cat(
+            [
+                (query[:, :, start:stop] @ key[:, :, first:stop].transpose(-1, -2)).masked_fill(
+                    ~((j <= i) & (i - j < window)), float("-inf")
+                ),
+                (query_back[:, :, start:stop] @ key[:, :, :sinks].transpose(-1, -2)).masked_fill(
+                    i - s < window, float("-inf")
+                ),
+            ],
+            dim=-1,
+        )
+        probs = torch.softmax(logits.float() * scaling, dim=-1).to(value.dtype)
+        output[:, :, start:stop] = probs[..., : stop - first] @ value[:, :, first:stop]
+        output[:, :, start:stop] += probs[..., stop - first :] @ value[:, :, :sinks]
+    return output.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ATTENTION, renumbered_sink_attention)
+AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+
+
 def global_layers(num_layers: int, every: int | None, listed: list[int] | None) -> list[int]:
     """The global layers: `listed`, or the last of each group of `every` (every 4 of 30: 3, 7, ..., 27); none if
     neither is given."""
@@ -65,9 +137,18 @@ def global_layers(num_layers: int, every: int | None, listed: list[int] | None) 
     return [layer for layer in range(num_layers) if layer % every == every - 1]
 
 
-def hybrid(model: nn.Module, length: int, window: int, sinks: int, globals_: list[int], yarn: float | None):
-    """Forward pre-hooks on `model`'s decoder layers: local layers get the sliding-window mask, global ones full
-    causal attention (no mask: SDPA's causal path) and, with `yarn`, YaRN's cos / sin. Returns the hook handles."""
+def hybrid(
+    model: nn.Module,
+    length: int,
+    window: int,
+    sinks: int,
+    globals_: list[int],
+    yarn: float | None,
+    renumber_sinks: bool = False,
+):
+    """Forward pre-hooks on `model`'s decoder layers: local layers get the sliding-window mask (or, with
+    `renumber_sinks`, `renumbered_sink_attention`), global ones full causal attention (no mask: SDPA's causal path)
+    and, with `yarn`, YaRN's cos / sin. Returns the hook handles."""
     layers = model.model.layers
     rotary = model.model.rotary_emb
     global_rope = None
@@ -76,10 +157,14 @@ def hybrid(model: nn.Module, length: int, window: int, sinks: int, globals_: lis
         config.rope_parameters = rope_parameters_for(config, "yarn", yarn)
         positions = torch.arange(length)[None]
         global_rope = type(rotary)(config)(torch.zeros(1, dtype=next(model.parameters()).dtype), positions)
-    mask = local_mask(length, window, sinks)
+    if renumber_sinks:
+        model.set_attn_implementation(ATTENTION)
+        local = {"attention_mask": None, "window": window, "sinks": sinks, "inv_freq": rotary.inv_freq}
+    else:
+        local = {"attention_mask": local_mask(length, window, sinks)}
 
     def local_hook(module, args, kwargs):
-        return args, {**kwargs, "attention_mask": mask}
+        return args, {**kwargs, **local}
 
     def global_hook(module, args, kwargs):
         kwargs = {**kwargs, "attention_mask": None}
@@ -110,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         "--window", type=int, required=True, metavar="W", help="keys a local layer sees, itself included"
     )
     parser.add_argument("--sinks", type=int, default=0, metavar="N", help="first keys every local layer also sees")
+    parser.add_argument(
+        "--renumber-sinks", action="store_true", help="sinks renumbered into the window, as in StreamingLLM's cache"
+    )
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--global-every", type=int, metavar="K", help="every K-th layer is global (K = 1: all)")
     group.add_argument("--global-layers", type=int, nargs="+", metavar="I", help="the global layers' indices")
@@ -131,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         model = load_causal_lm(args.model, torch.float32)
         model.set_attn_implementation("sdpa")
         globals_ = global_layers(len(model.model.layers), args.global_every, args.global_layers)
-        hybrid(model, args.length, args.window, args.sinks, globals_, args.yarn)
+        hybrid(model, args.length, args.window, args.sinks, globals_, args.yarn, args.renumber_sinks)
         started = time.process_time()
         nll = token_nll(model, torch.tensor([stream]))
         cpu_minutes = (time.process_time() - started) / 60
@@ -145,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         "length": args.length,
         "window": args.window,
         "sinks": args.sinks,
+        "renumber_sinks": args.renumber_sinks,
         "global_layers": globals_,
         "yarn": args.yarn,
         "ppl": math.exp(nll.mean()),
@@ -153,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_minutes": round(cpu_minutes, 2),
     }
     print(
-        f"global layers {globals_ or 'none'}, window {args.window}, sinks {args.sinks}, YaRN {args.yarn}: "
+        f"global layers {globals_ or 'none'}, window {args.window}, sinks {args.sinks}"
+        f"{' renumbered' if args.renumber_sinks else ''}, YaRN {args.yarn}: "
         f"ppl {report['ppl']:.3f} (halves {report['ppl_first_half']:.3f} / {report['ppl_second_half']:.3f}), "
         f"{cpu_minutes:.1f} CPU min"
     )

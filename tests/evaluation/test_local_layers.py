@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaForCausalLM, MistralConfig, MistralForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
 from path_hf.evaluation import read_texts, rope_scaling, tokenize_stream
-from tests.evaluation.eval_models import EVAL_DATA, ROOT
+from tests.evaluation.eval_models import EVAL_DATA, ROOT, shapes
 
 _spec = importlib.util.spec_from_file_location(
     "smollm2_local_layers", ROOT / "examples" / "smollm2" / "local_layers.py"
@@ -152,3 +152,53 @@ def test_script_refuses_bad_input(checkpoints, tmp_path, capsys, extra, message)
     assert script.main([*argv, "--output", str(output)]) == 1
     assert message in capsys.readouterr().err
     assert not output.exists()
+
+
+def test_renumbered_sinks_without_sinks_are_the_window(checkpoints, monkeypatch):
+    """The blockwise attention of renumbered sinks, with no sink, is Mistral's sliding window (blocks of 5 queries)."""
+    monkeypatch.setattr(script, "BLOCK", 5)
+    model = llama(checkpoints)
+    input_ids = tokens(model.config.vocab_size, seed=4)
+    script.hybrid(model, LENGTH, WINDOW, sinks=0, globals_=[], yarn=None, renumber_sinks=True)
+    with torch.no_grad():
+        expected = mistral_twin(model, WINDOW)(input_ids).logits
+        got = model(input_ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_renumbered_sinks_are_sinks_until_the_window_is_full(checkpoints, monkeypatch):
+    """Up to query `window - 1 + sinks` the renumbering moves nothing: the same as sinks at their own positions."""
+    monkeypatch.setattr(script, "BLOCK", 7)
+    sinks = 3
+    model = llama(checkpoints)
+    input_ids = tokens(model.config.vocab_size, seed=5)
+    with torch.no_grad():
+        handles = script.hybrid(model, LENGTH, WINDOW, sinks=sinks, globals_=[], yarn=None)
+        own = model(input_ids).logits
+        for handle in handles:
+            handle.remove()
+        script.hybrid(model, LENGTH, WINDOW, sinks=sinks, globals_=[], yarn=None, renumber_sinks=True)
+        renumbered = model(input_ids).logits
+    cap = WINDOW - 1 + sinks
+    torch.testing.assert_close(renumbered[:, : cap + 1], own[:, : cap + 1], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(renumbered[:, cap + 1 :], own[:, cap + 1 :], atol=1e-4)
+
+
+def test_renumbered_sinks_match_streamingllm_cache(tokenizer):
+    """One layer: query i with renumbered sinks computes what the plain Llama computes for StreamingLLM's cache, the
+    sinks then the window's tokens at consecutive positions 0, 1, ..., with the query last."""
+    config = LlamaConfig(**{**shapes(tokenizer), "num_hidden_layers": 1, "max_position_embeddings": LENGTH})
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    model.set_attn_implementation("sdpa")
+    plain = LlamaForCausalLM(config).eval()
+    plain.load_state_dict(model.state_dict())
+    plain.set_attn_implementation("sdpa")
+    input_ids = tokens(config.vocab_size, seed=6)
+    sinks = 2
+    script.hybrid(model, LENGTH, WINDOW, sinks=sinks, globals_=[], yarn=None, renumber_sinks=True)
+    with torch.no_grad():
+        got = model(input_ids).logits
+        for i in (WINDOW + sinks, WINDOW + sinks + 5, LENGTH - 1):
+            cache = torch.cat([input_ids[:, :sinks], input_ids[:, i - WINDOW + 1 : i + 1]], dim=1)
+            torch.testing.assert_close(got[:, i], plain(cache).logits[:, -1], rtol=1e-5, atol=1e-5)
