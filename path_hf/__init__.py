@@ -10,10 +10,12 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .cache_path_llama import PaTHCacheLayer, PaTHStaticCacheLayer
 from .configuration_path_llama import PaTHLlamaConfig
+from .local_attention import LocalCacheLayer
 from .modeling_path_llama import (
     PaTHLlamaAttention,
     PaTHLlamaDecoderLayer,
     PaTHLlamaForCausalLM,
+    PaTHLlamaLocalAttention,
     PaTHLlamaModel,
     PaTHLlamaPreTrainedModel,
     PaTHLlamaRoPEAttention,
@@ -28,11 +30,13 @@ PaTHLlamaModel.register_for_auto_class("AutoModel")
 PaTHLlamaForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 
 __all__ = [
+    "LocalCacheLayer",
     "PaTHCacheLayer",
     "PaTHLlamaAttention",
     "PaTHLlamaConfig",
     "PaTHLlamaDecoderLayer",
     "PaTHLlamaForCausalLM",
+    "PaTHLlamaLocalAttention",
     "PaTHLlamaModel",
     "PaTHLlamaPreTrainedModel",
     "PaTHLlamaRoPEAttention",

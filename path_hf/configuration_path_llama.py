@@ -10,6 +10,8 @@ ROPE_MODES = ("drop", "keep", "interleave")
 PATH_INITS = ("default", "identity")
 # Cache layer type of the PaTH layers (registered by cache_path_llama.PaTHCacheLayer).
 PATH_LAYER_TYPE = "path_attention"
+# Cache layer type of the local RoPE layers (`local_window`; registered by local_attention.LocalCacheLayer).
+LOCAL_LAYER_TYPE = "local_attention"
 
 
 @strict
@@ -52,6 +54,18 @@ class PaTHLlamaConfig(LlamaConfig):
         path_layers (`list[int]`, *optional*):
             Indices of the layers that use PaTH attention; the others are the source model's RoPE softmax
             attention. `None` means every layer.
+        local_window (`int`, *optional*):
+            Makes the RoPE layers (those outside `path_layers`) local, the hybrid of long-context models: each query
+            sees the last `local_window` keys, itself included (Mistral's `sliding_window`: key j from query i when
+            `0 <= i - j < local_window`), plus the `local_sinks` first keys. Set to at most the source's training
+            context, no RoPE distance in a local layer is ever out of distribution, and long range is left to the PaTH
+            layers. `None`: the RoPE layers see every earlier key.
+        local_sinks (`int`, *optional*, defaults to 0):
+            Attention sinks of the local layers (StreamingLLM, arXiv 2309.17453): the first `local_sinks` tokens of a
+            sequence stay visible to every query, renumbered as StreamingLLM's cache renumbers them, as if they stood
+            just before the window: query i sees sink s at distance `min(i, local_window - 1 + local_sinks) - s`, never
+            further than the window reaches. Kept at their own distance instead, the sinks of SmolLM2-135M make its
+            perplexity at 16384 worse than no sink at all (docs/smollm2/long-context). Needs `local_window`.
         path_forget_gate (`bool`, *optional*, defaults to `False`):
             Add the forget gate of PaTH-FoX: the logit of (i, j) gains `sum_{j<s<=i} g_s` per query head, with
             `g = log sigmoid(g_proj(x))`.
@@ -101,6 +115,8 @@ class PaTHLlamaConfig(LlamaConfig):
     rope_mode: str = "drop"
     rope_max_wavelength: float | int | None = None
     path_layers: list[int] | None = None
+    local_window: int | None = None
+    local_sinks: int = 0
     path_forget_gate: bool = False
     path_forget_gate_bias: float | int = 0.0
     path_w_rank: int | None = None
@@ -120,19 +136,24 @@ class PaTHLlamaConfig(LlamaConfig):
 
     @property
     def layer_types(self) -> list[str]:
-        """Per-layer attention type: `"path_attention"` or `"full_attention"` (derived from `path_layers`).
+        """Per-layer attention type: `"path_attention"`, or for the other layers `"local_attention"` with
+        `local_window` and `"full_attention"` without (derived from `path_layers` and `local_window`).
 
-        `DynamicCache(config)` builds a `PaTHCacheLayer` for each PaTH layer from it, which is how `generate`
-        gets the right cache without being told.
+        `DynamicCache(config)` builds a `PaTHCacheLayer` for each PaTH layer and a `LocalCacheLayer` for each local
+        one from it, which is how `generate` gets the right cache without being told.
         """
+        rope_type = LOCAL_LAYER_TYPE if self.local_window is not None else "full_attention"
         return [
-            PATH_LAYER_TYPE if self.is_path_layer(layer_idx) else "full_attention"
+            PATH_LAYER_TYPE if self.is_path_layer(layer_idx) else rope_type
             for layer_idx in range(self.num_hidden_layers)
         ]
 
     @layer_types.setter
     def layer_types(self, value):
-        raise ValueError("layer_types is derived from path_layers: set path_layers (None means every layer) instead.")
+        raise ValueError(
+            "layer_types is derived from path_layers and local_window: set path_layers (None means every layer) and "
+            "local_window instead."
+        )
 
     def is_path_layer(self, layer_idx: int) -> bool:
         """Whether layer `layer_idx` uses PaTH attention."""
@@ -192,14 +213,26 @@ class PaTHLlamaConfig(LlamaConfig):
                 raise ValueError(
                     f"path_layers {outside} are not layer indices of a model with {self.num_hidden_layers} layers."
                 )
+        if self.local_window is not None:
+            if isinstance(self.local_window, bool) or not isinstance(self.local_window, int) or self.local_window < 1:
+                raise ValueError(f"local_window must be a positive number of tokens, got {self.local_window!r}.")
+            if self.path_layers is None or len(self.path_layers) == self.num_hidden_layers:
+                raise ValueError(
+                    "local_window makes the RoPE layers local, but every layer is a PaTH layer: list the PaTH layers "
+                    "in path_layers, or leave local_window unset."
+                )
+        if isinstance(self.local_sinks, bool) or not isinstance(self.local_sinks, int) or self.local_sinks < 0:
+            raise ValueError(f"local_sinks must be a number of tokens >= 0, got {self.local_sinks!r}.")
+        if self.local_sinks and self.local_window is None:
+            raise ValueError("local_sinks are the sinks of the local layers: they need local_window.")
         if self.attention_dropout and (self.path_layers is None or self.path_layers):
             raise ValueError(
                 f"PaTH attention has no attention dropout; got attention_dropout={self.attention_dropout}. Set it to 0."
             )
 
     def validate_layer_type(self):
-        """`layer_types` is derived from `path_layers` and may hold `"path_attention"`, a type transformers does
-        not list: nothing to check."""
+        """`layer_types` is derived from `path_layers` and `local_window` and may hold `"path_attention"` and
+        `"local_attention"`, types transformers does not list: nothing to check."""
 
 
 __all__ = ["PaTHLlamaConfig"]

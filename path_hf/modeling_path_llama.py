@@ -44,7 +44,8 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
 from .cache_path_llama import PaTHCacheLayer, PaTHStaticCacheLayer
-from .configuration_path_llama import PATH_LAYER_TYPE, PaTHLlamaConfig
+from .configuration_path_llama import LOCAL_LAYER_TYPE, PATH_LAYER_TYPE, PaTHLlamaConfig
+from .local_attention import LocalCacheLayer, local_attention
 from .ops import path_attention
 
 
@@ -217,6 +218,77 @@ class PaTHLlamaRoPEAttention(LlamaAttention):
         )
         attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
         return self.o_proj(attn_output), attn_weights
+
+
+class PaTHLlamaLocalAttention(PaTHLlamaRoPEAttention):
+    """The source's RoPE attention made local (`config.local_window`): each query sees the last `local_window` keys
+    and the `local_sinks` first ones, renumbered into the window (`local_attention`). Its cache is a
+    `LocalCacheLayer`, which keeps only those."""
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        local_positions: torch.Tensor | None = None,
+        local_sequences: torch.Tensor | None = None,
+        rope_inv_freq: torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> tuple[torch.Tensor, None]:
+        """
+        Args:
+            local_positions: `[B, T]` each token's position in its sequence, -1 for padding (`PaTHLlamaModel` passes
+                them, with `rope_inv_freq`, the frequencies of its rotary embedding).
+            local_sequences: `[B, T]` which sequence of a packed row each token belongs to, or None.
+
+        Returns:
+            The output `[B, T, hidden]`, and None: no attention matrix is formed.
+        """
+        if local_positions is None or rope_inv_freq is None:
+            raise ValueError("A local layer needs local_positions and rope_inv_freq (PaTHLlamaModel passes them).")
+        window, sinks = self.config.local_window, self.config.local_sinks
+        query_states, key_states, value_states = self.project_qkv(hidden_states, position_embeddings)
+        query_states, key_states, value_states = (x.transpose(1, 2) for x in (query_states, key_states, value_states))
+        key_positions = local_positions
+        if cache is not None:
+            key_states, value_states, key_positions = self._cache_layer(cache).update_local(
+                key_states, value_states, local_positions, window, sinks
+            )
+        if local_sequences is not None and key_positions.shape[-1] != local_positions.shape[-1]:
+            raise ValueError("Packed sequences cannot continue a cache.")
+        attn_output = local_attention(
+            query_states,
+            key_states,
+            value_states,
+            local_positions,
+            key_positions,
+            window=window,
+            sinks=sinks,
+            inv_freq=rope_inv_freq,
+            scaling=self.scaling,
+            query_sequences=local_sequences,
+            key_sequences=local_sequences,
+        )
+        attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
+        return self.o_proj(attn_output), None
+
+    def _cache_layer(self, cache: Cache) -> LocalCacheLayer:
+        """This layer's cache; an empty layer of another class (`DynamicCache()` built without the config) is
+        replaced by a `LocalCacheLayer`."""
+        while len(cache.layers) <= self.layer_idx and cache.layer_class_to_replicate is not None:
+            cache.layers.append(cache.layer_class_to_replicate())
+        layer = cache.layers[self.layer_idx]
+        if not isinstance(layer, LocalCacheLayer):
+            if layer.get_seq_length() > 0 or isinstance(layer, StaticLayer):
+                raise ValueError(
+                    f"Layer {self.layer_idx} is a local layer (local_window) but its cache is a {type(layer).__name__}"
+                    f"{' that already holds keys' if layer.get_seq_length() > 0 else ''}: local layers take a dynamic "
+                    "cache built from the model's config, `DynamicCache(config=model.config)`."
+                )
+            layer = cache.layers[self.layer_idx] = LocalCacheLayer()
+        return layer
 
 
 def rope_band(config: PaTHLlamaConfig) -> torch.Tensor | None:
@@ -557,14 +629,16 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
 
 
 class PaTHLlamaDecoderLayer(LlamaDecoderLayer):
-    """Llama's decoder layer holding a PaTH or a RoPE attention, as `config.layer_types` says."""
+    """Llama's decoder layer holding a PaTH, a local or a RoPE attention, as `config.layer_types` says."""
 
     def __init__(self, config: PaTHLlamaConfig, layer_idx: int):
         # Not LlamaDecoderLayer.__init__, which builds a LlamaAttention.
         GradientCheckpointingLayer.__init__(self)
         self.hidden_size = config.hidden_size
         self.attention_type = config.layer_types[layer_idx]
-        attention_class = PaTHLlamaAttention if self.attention_type == PATH_LAYER_TYPE else PaTHLlamaRoPEAttention
+        attention_class = {PATH_LAYER_TYPE: PaTHLlamaAttention, LOCAL_LAYER_TYPE: PaTHLlamaLocalAttention}.get(
+            self.attention_type, PaTHLlamaRoPEAttention
+        )
         self.self_attn = attention_class(config=config, layer_idx=layer_idx)
         self.mlp = LlamaMLP(config)
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -673,7 +747,8 @@ class PaTHLlamaModel(PaTHLlamaPreTrainedModel):
                 position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
                 position_ids = position_ids.unsqueeze(0)
 
-        mask_mapping = {PATH_LAYER_TYPE: attention_mask}
+        # Local layers read the padding from their tokens' positions (`_local_kwargs`).
+        mask_mapping = {PATH_LAYER_TYPE: attention_mask, LOCAL_LAYER_TYPE: None}
         if "full_attention" in self.config.layer_types:
             # An empty cache is no cache: packed sequences are then recognised, as in the PaTH layers. A static cache
             # always counts: its keys have max_cache_len slots.
@@ -711,6 +786,11 @@ class PaTHLlamaModel(PaTHLlamaPreTrainedModel):
 
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+        if LOCAL_LAYER_TYPE in layer_kwargs:
+            layer_kwargs[LOCAL_LAYER_TYPE] = {
+                **layer_kwargs[LOCAL_LAYER_TYPE],
+                **self._local_kwargs(inputs_embeds, attention_mask, position_ids, given_position_ids, past_seen_tokens),
+            }
         rope_by_type = dict.fromkeys(self.config.layer_types, position_embeddings)
         rotate = rope_band(self.config)
         if rotate is not None and PATH_LAYER_TYPE in rope_by_type:  # critical-band RoPE: PaTH layers only
@@ -733,6 +813,29 @@ class PaTHLlamaModel(PaTHLlamaPreTrainedModel):
             cache=cache,
         )
 
+    def _local_kwargs(
+        self,
+        inputs_embeds: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        given_position_ids: torch.Tensor | None,
+        past_seen_tokens: int,
+    ) -> dict[str, torch.Tensor | None]:
+        """What the local layers read: each token's position (-1 at padding), the sequences packed in a row (from
+        `position_ids` that restart, when no mask or cache is given) and the RoPE frequencies."""
+        batch_size, seq_len = inputs_embeds.shape[:2]
+        positions = position_ids.expand(batch_size, -1)
+        sequences = None
+        if attention_mask is not None:
+            if attention_mask.ndim != 2:
+                raise ValueError(
+                    f"Local layers take a 2-D padding mask [batch, past + new tokens], got {attention_mask.ndim}-D."
+                )
+            positions = positions.masked_fill(attention_mask[:, -seq_len:] == 0, -1)
+        elif given_position_ids is not None and seq_len > 1 and past_seen_tokens == 0:
+            sequences = find_packed_sequence_indices(positions)
+        return {"local_positions": positions, "local_sequences": sequences, "rope_inv_freq": self.rotary_emb.inv_freq}
+
 
 class PaTHLlamaForCausalLM(PaTHLlamaPreTrainedModel, LlamaForCausalLM):
     def __init__(self, config: PaTHLlamaConfig):
@@ -752,6 +855,7 @@ __all__ = [
     "PaTHLlamaPreTrainedModel",
     "PaTHLlamaAttention",
     "PaTHLlamaRoPEAttention",
+    "PaTHLlamaLocalAttention",
     "PaTHLlamaDecoderLayer",
     "PaTHGain",
     "PaTHShortConvolution",

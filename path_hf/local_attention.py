@@ -1,0 +1,158 @@
+# Copyright 2026 The path-hf authors. Apache-2.0.
+"""Local attention of a PaTHLlama's RoPE layers (`config.local_window`, `config.local_sinks`).
+
+A local layer is the source's RoPE attention restricted to a sliding window of the last `window` keys, plus the first
+`sinks` keys of the sequence (StreamingLLM's attention sinks, arXiv 2309.17453), renumbered as StreamingLLM's cache
+renumbers them: query i sees sink s at distance `min(i, window - 1 + sinks) - s`, as if the sinks stood just before
+the window. No RoPE distance in the layer is ever larger than `window - 1 + sinks`.
+
+Importing this module registers `LocalCacheLayer` for the layer type `"local_attention"`, so that
+`DynamicCache(config)` keeps, for each local layer, the sinks and the last `window - 1` tokens only.
+"""
+
+import torch
+from transformers.cache_utils import DynamicLayer
+from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
+
+from .configuration_path_llama import LOCAL_LAYER_TYPE
+
+# Queries scored at a time by `local_attention` (each against its window and the sinks): nothing of size T x T forms.
+BLOCK = 1024
+
+
+def local_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    *,
+    window: int,
+    sinks: int,
+    inv_freq: torch.Tensor,
+    scaling: float,
+    query_sequences: torch.Tensor | None = None,
+    key_sequences: torch.Tensor | None = None,
+    block: int | None = None,
+) -> torch.Tensor:
+    """Sliding-window attention with renumbered sinks.
+
+    Args:
+        query: `[B, HQ, T, D]`, rotated by RoPE at `query_positions`.
+        key, value: `[B, H, S, D]` (`H` divides `HQ`), the keys rotated at `key_positions`; the last T are the
+            queries' own tokens, any earlier ones a cache (`LocalCacheLayer`: the sinks, then the last keys).
+        query_positions: `[B, T]` position of each query in its sequence.
+        key_positions: `[B, S]` position of each key in its sequence, -1 for padding (never seen).
+        window: a query at position i sees the keys at positions i - window + 1 to i.
+        sinks: and the keys at positions below `sinks`, at distance `min(i, window - 1 + sinks) - s`: its query
+            is rotated back by `max(0, i - (window - 1 + sinks))` positions against the sink's key (RoPE's angle
+            depends on the distance alone).
+        inv_freq: `[D / 2]` the RoPE frequencies the keys and queries were rotated with.
+        scaling: the softmax scale.
+        query_sequences, key_sequences: `[B, T]`, `[B, S]` which sequence of a packed row each token belongs to
+            (tokens of different sequences never see each other); None: one sequence a row.
+        block: queries at a time (default `BLOCK`).
+
+    Returns:
+        `[B, T, HQ, D]`. A query that sees no key (padding) gets the mean of the values: finite, and masked later.
+    """
+    block = block or BLOCK
+    batch_size, num_heads, length, _ = query.shape
+    groups = num_heads // key.shape[1]
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    offset = key.shape[2] - length
+    hidden = torch.finfo(torch.float32).min
+    # The sinks lie among the first `num_sinks` keys of every row (after any left padding).
+    is_sink = (key_positions >= 0) & (key_positions < sinks)
+    num_sinks = int(is_sink.any(0).nonzero().max()) + 1 if sinks and bool(is_sink.any()) else 0
+    if num_sinks:
+        back = (query_positions - (window - 1 + sinks)).clamp(min=0).to(inv_freq.dtype)
+        angles = (back[..., None] * inv_freq).repeat(1, 1, 2)[:, None].to(query.dtype)  # [B, 1, T, D]
+        query_back = query * angles.cos() - rotate_half(query) * angles.sin()  # RoPE by -back
+        sink_positions = key_positions[:, None, :num_sinks]
+    output = query.new_empty(batch_size, num_heads, length, value.shape[-1])
+    for start in range(0, length, block):
+        stop = min(start + block, length)
+        first = max(0, start + offset - window + 1)
+        i = query_positions[:, start:stop, None]
+        j = key_positions[:, None, first : stop + offset]
+        near = (j >= 0) & (j <= i) & (i - j < window)
+        if query_sequences is not None:
+            near &= query_sequences[:, start:stop, None] == key_sequences[:, None, first : stop + offset]
+        logits = (query[:, :, start:stop] @ key[:, :, first : stop + offset].transpose(-1, -2)).float()
+        logits = logits.masked_fill(~near[:, None], hidden)
+        if num_sinks:
+            far = (sink_positions >= 0) & (sink_positions < sinks) & (i - sink_positions >= window)
+            if query_sequences is not None:
+                far &= query_sequences[:, start:stop, None] == key_sequences[:, None, :num_sinks]
+            sink_logits = (query_back[:, :, start:stop] @ key[:, :, :num_sinks].transpose(-1, -2)).float()
+            logits = torch.cat([logits, sink_logits.masked_fill(~far[:, None], hidden)], dim=-1)
+        probs = torch.softmax(logits * scaling, dim=-1).to(value.dtype)
+        seen = stop + offset - first
+        out = probs[..., :seen] @ value[:, :, first : stop + offset]
+        if num_sinks:
+            out = out + probs[..., seen:] @ value[:, :, :num_sinks]
+        output[:, :, start:stop] = out
+    return output.transpose(1, 2)
+
+
+class LocalCacheLayer(DynamicLayer):
+    """The cache of a local layer: the keys and values of the sinks and of the last `window - 1` tokens, with their
+    positions. Bounded: it holds at most `sinks + window - 1` tokens (and any left padding before the sinks) whatever
+    the length generated.
+
+    Attributes:
+        positions: `[B, S]` the position of each cached token in its sequence, -1 for padding.
+        cumulative_length: tokens seen, cached or not (`get_seq_length`).
+    """
+
+    _layer_type = LOCAL_LAYER_TYPE
+    # Dropped tokens cannot come back.
+    is_croppable = False
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.positions: torch.Tensor | None = None
+        self.cumulative_length = 0
+
+    def update_local(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, positions: torch.Tensor, window: int, sinks: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Append new tokens (`[B, H, T, D]`, positions `[B, T]`); return every key, value and position the new
+        tokens may see (the cache before them, then them), and keep only what later tokens may see."""
+        keys, values = self.update(key_states, value_states)
+        positions = positions if self.positions is None else torch.cat([self.positions, positions], dim=-1)
+        self.cumulative_length += key_states.shape[-2]
+        # Kept: the leading tokens up to the last sink of any row, and the last window - 1.
+        is_sink = (positions >= 0) & (positions < sinks)
+        head = int(is_sink.any(0).nonzero().max()) + 1 if sinks and bool(is_sink.any()) else 0
+        tail = max(head, positions.shape[-1] - (window - 1))
+        keep = torch.cat([torch.arange(head), torch.arange(tail, positions.shape[-1])]).to(positions.device)
+        self.keys, self.values, self.positions = self.keys[:, :, keep], self.values[:, :, keep], positions[:, keep]
+        return keys, values, positions
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def reset(self) -> None:
+        super().reset()
+        self.positions = None
+        self.cumulative_length = 0
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        if self.positions is not None:
+            self.positions = self.positions.index_select(0, beam_idx.to(self.positions.device))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        if self.positions is not None:
+            self.positions = self.positions.repeat_interleave(repeats, dim=0)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        if self.positions is not None:
+            self.positions = self.positions[indices]
+
+
+__all__ = ["BLOCK", "LocalCacheLayer", "local_attention"]

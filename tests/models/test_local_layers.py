@@ -1,0 +1,165 @@
+"""Local RoPE layers (`local_window`, `local_sinks`): against transformers' Mistral sliding window, a plain Llama run
+on StreamingLLM's cache, the model without a cache, and one sequence a row."""
+
+import pytest
+import torch
+from huggingface_hub.errors import StrictDataclassClassValidationError
+from transformers import (
+    AutoModelForCausalLM,
+    DynamicCache,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+)
+
+import path_hf.local_attention as local_attention
+from path_hf import LocalCacheLayer, PaTHLlamaConfig, PaTHLlamaForCausalLM
+from tests.models.tiny_models import TINY, random_tokens, tiny_config
+
+LENGTH, WINDOW = 40, 8
+
+
+def local_model(seed: int = 0, **overrides) -> PaTHLlamaForCausalLM:
+    torch.manual_seed(seed)
+    return PaTHLlamaForCausalLM(tiny_config(**{"local_window": WINDOW, **overrides})).eval()
+
+
+def twin(model: PaTHLlamaForCausalLM, cls, config_cls, **fields):
+    """A transformers model of class `cls` with `model`'s weights (every layer a RoPE layer)."""
+    reference = cls(config_cls(**{**TINY, "initializer_range": 0.2, **fields})).eval()
+    reference.load_state_dict(model.state_dict())
+    reference.set_attn_implementation("eager")
+    return reference
+
+
+@pytest.mark.parametrize("block", [3, 1024])
+def test_local_layers_are_mistral_sliding_window(block, monkeypatch):
+    monkeypatch.setattr(local_attention, "BLOCK", block)
+    model = local_model(path_layers=[])
+    input_ids = random_tokens(2, LENGTH, seed=1)
+    with torch.no_grad():
+        got = model(input_ids).logits
+        expected = twin(model, MistralForCausalLM, MistralConfig, sliding_window=WINDOW)(input_ids).logits
+        plain = twin(model, LlamaForCausalLM, LlamaConfig)(input_ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[:, :WINDOW], plain[:, :WINDOW], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got[:, WINDOW:], plain[:, WINDOW:], atol=1e-3)
+
+
+@pytest.mark.parametrize("sinks", [1, 3])
+def test_renumbered_sinks_are_streamingllm_cache(sinks):
+    """One local layer: query i computes what a plain Llama computes on StreamingLLM's cache, the sinks then the
+    window's tokens at consecutive positions 0, 1, ..., the query last."""
+    model = local_model(path_layers=[], num_hidden_layers=1, local_sinks=sinks)
+    plain = twin(model, LlamaForCausalLM, LlamaConfig, num_hidden_layers=1)
+    input_ids = random_tokens(1, LENGTH, seed=2)
+    with torch.no_grad():
+        got = model(input_ids).logits
+        for i in (WINDOW - 1, WINDOW + sinks - 1, WINDOW + sinks, LENGTH - 1):
+            kept = torch.cat([input_ids[:, :sinks], input_ids[:, max(sinks, i - WINDOW + 1) : i + 1]], dim=1)
+            torch.testing.assert_close(got[:, i], plain(kept).logits[:, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_sinks_and_path_layers_mix():
+    """A hybrid (PaTH layer 1, local layer 0) differs from the same weights with the RoPE layer global past the window,
+    and is the same before it."""
+    hybrid = local_model(path_layers=[1], local_sinks=2)
+    torch.manual_seed(0)
+    full = PaTHLlamaForCausalLM(tiny_config(path_layers=[1])).eval()
+    full.load_state_dict(hybrid.state_dict())
+    input_ids = random_tokens(1, LENGTH, seed=3)
+    with torch.no_grad():
+        got, expected = hybrid(input_ids).logits, full(input_ids).logits
+    torch.testing.assert_close(got[:, : WINDOW + 2], expected[:, : WINDOW + 2], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got[:, WINDOW + 2 :], expected[:, WINDOW + 2 :], atol=1e-3)
+
+
+@pytest.mark.parametrize("prefill", [1, 5, 13])
+def test_cache_decodes_what_the_full_forward_computes(prefill):
+    """Prefill then decode one token at a time (and a chunk), a left-padded batch: the logits of the forward without
+    cache, and a cache that keeps the sinks and the last window - 1 tokens only."""
+    sinks = 2
+    model = local_model(path_layers=[1], local_sinks=sinks)
+    input_ids = random_tokens(2, LENGTH, seed=4)
+    mask = torch.ones_like(input_ids)
+    mask[1, :3] = 0  # left padding
+    with torch.no_grad():
+        full = model(input_ids, attention_mask=mask).logits
+        cache = DynamicCache(config=model.config)
+        steps = [model(input_ids[:, :prefill], attention_mask=mask[:, :prefill], cache=cache, use_cache=True).logits]
+        t = prefill
+        while t < LENGTH:
+            step = 1 if t < 25 else 4
+            steps.append(
+                model(
+                    input_ids[:, t : t + step], attention_mask=mask[:, : t + step], cache=cache, use_cache=True
+                ).logits
+            )
+            t += step
+    got = torch.cat(steps, dim=1)
+    torch.testing.assert_close(got[0], full[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got[1, 3:], full[1, 3:], rtol=1e-4, atol=1e-4)
+    layer = cache.layers[0]
+    assert isinstance(layer, LocalCacheLayer) and layer.get_seq_length() == LENGTH
+    assert layer.keys.shape[2] == 3 + sinks + WINDOW - 1  # the padding before the sinks, the sinks, the window
+
+
+def test_padded_rows_are_their_sequences_alone():
+    model = local_model(path_layers=[1], local_sinks=2)
+    input_ids = random_tokens(2, LENGTH, seed=5)
+    mask = torch.ones_like(input_ids)
+    mask[1, :7] = 0
+    with torch.no_grad():
+        padded = model(input_ids, attention_mask=mask).logits
+        alone = model(input_ids[1:, 7:]).logits
+    torch.testing.assert_close(padded[1:, 7:], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_sequences_never_see_each_other():
+    model = local_model(path_layers=[1], local_sinks=2)
+    a, b = random_tokens(1, 25, seed=6), random_tokens(1, 15, seed=7)
+    position_ids = torch.cat([torch.arange(25), torch.arange(15)])[None]
+    with torch.no_grad():
+        packed = model(torch.cat([a, b], dim=1), position_ids=position_ids).logits
+        alone = torch.cat([model(a).logits, model(b).logits], dim=1)
+    torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_generate_round_trip_and_remote_code(tmp_path):
+    model = local_model(path_layers=[1], local_sinks=2)
+    model.generation_config.pad_token_id = 0
+    prompt = random_tokens(1, 6, seed=8)
+    expected = model.generate(prompt, max_new_tokens=LENGTH - 6, do_sample=False)
+    with torch.no_grad():  # greedy: each token the argmax of the forward without cache
+        logits = model(expected[:, :-1]).logits
+    assert torch.equal(logits[0, 5:].argmax(-1), expected[0, 6:])
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "local_attention.py").is_file()
+    for loaded in (
+        PaTHLlamaForCausalLM.from_pretrained(tmp_path),
+        AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True),
+    ):
+        assert (loaded.config.local_window, loaded.config.local_sinks) == (WINDOW, 2)
+        assert torch.equal(loaded.generate(prompt, max_new_tokens=LENGTH - 6, do_sample=False), expected)
+
+
+def test_layer_types_follow_the_window():
+    config = tiny_config(num_hidden_layers=3, path_layers=[1], local_window=16)
+    assert config.layer_types == ["local_attention", "path_attention", "local_attention"]
+    assert tiny_config(num_hidden_layers=3, path_layers=[1]).layer_types[0] == "full_attention"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"path_layers": [1], "local_window": 0}, "local_window must be a positive number of tokens"),
+        ({"local_window": 16}, "every layer is a PaTH layer"),
+        ({"path_layers": [0, 1], "local_window": 16}, "every layer is a PaTH layer"),
+        ({"path_layers": [1], "local_window": 16, "local_sinks": -1}, "local_sinks must be a number of tokens >= 0"),
+        ({"path_layers": [1], "local_sinks": 4}, "they need local_window"),
+    ],
+)
+def test_bad_local_fields_are_refused(fields, message):
+    with pytest.raises((ValueError, StrictDataclassClassValidationError), match=message):
+        PaTHLlamaConfig(**TINY, **fields)
