@@ -168,6 +168,24 @@ class ConvertOptions:
             "help": "layers that become PaTH layers, e.g. 0-11,20; the others keep RoPE attention (default: all)",
         },
     )
+    local_window: int | None = field(
+        default=PaTHLlamaConfig.local_window,
+        metadata={
+            "metavar": "W",
+            "help": "make the layers outside --layers local, the hybrid of long-context models: each query sees the "
+            "last W keys (itself included) and the --local-sinks first ones; set to at most the source's training "
+            "context, no RoPE distance in them is ever out of distribution (default: they see every key)",
+        },
+    )
+    local_sinks: int = field(
+        default=PaTHLlamaConfig.local_sinks,
+        metadata={
+            "metavar": "N",
+            "help": "attention sinks of the local layers: the first N tokens stay visible, renumbered into the window "
+            "as in StreamingLLM's cache (a query i sees sink s at distance min(i, W - 1 + N) - s) "
+            "(default: %(default)s)",
+        },
+    )
     w_rank: int | None = field(
         default=PaTHLlamaConfig.path_w_rank,
         metadata={"metavar": "R", "help": "rank of w_proj: a Linear(hidden, R) then a Linear(R, ...) (default: full)"},
@@ -251,6 +269,18 @@ class ConvertOptions:
             raise ConversionError("--verify checks written files; it cannot run with --dry-run.")
         if self.forget_gate_bias != PaTHLlamaConfig.path_forget_gate_bias and not self.forget_gate:
             raise ConversionError("--forget-gate-bias sets the forget gate's init: it needs --forget-gate.")
+        if self.local_window is not None:
+            if self.local_window < 1:
+                raise ConversionError(f"--local-window must be a positive number of tokens, got {self.local_window}.")
+            if self.layers is None:
+                raise ConversionError(
+                    "--local-window makes the layers outside --layers local, but every layer becomes a PaTH layer: "
+                    "name the PaTH layers with --layers."
+                )
+        if self.local_sinks < 0:
+            raise ConversionError(f"--local-sinks must be a number of tokens >= 0, got {self.local_sinks}.")
+        if self.local_sinks and self.local_window is None:
+            raise ConversionError("--local-sinks are the sinks of the local layers: they need --local-window.")
         if self.w_rank is not None and self.w_rank < 1:
             raise ConversionError(f"--w-rank must be a positive integer, got {self.w_rank}.")
         if self.conv_size < 0:

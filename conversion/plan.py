@@ -113,6 +113,12 @@ class ConversionPlan:
             lines.append(f"RoPE band:    {band}")
         if config.path_attn_temperature_scale:
             lines.append(f"temperature:  {describe_temperature(config)}")
+        if config.local_window is not None:
+            local = [layer for layer in range(config.num_hidden_layers) if not config.is_path_layer(layer)]
+            lines.append(
+                f"local layers: {format_layers(local) or 'none'}, RoPE attention to the last {config.local_window} "
+                f"tokens and {config.local_sinks} sink(s) renumbered into the window"
+            )
         if self.ignored:
             lines.append(f"leave out:    {len(self.ignored)} tensor(s): {', '.join(t.name for t in self.ignored)}")
         lines.append(
@@ -192,6 +198,11 @@ def read_source_config(source: Source, options: ConvertOptions) -> tuple[Archite
             f"--layers names layer {max(options.layers)}, but the model has {source_config.num_hidden_layers} layers "
             f"(0-{source_config.num_hidden_layers - 1})."
         )
+    if options.local_window is not None and len(options.layers) == source_config.num_hidden_layers:
+        raise ConversionError(
+            f"--local-window makes the layers outside --layers local, but --layers names every layer of the model "
+            f"(0-{source_config.num_hidden_layers - 1}): every layer is a PaTH layer. Leave some layers out of --layers."
+        )
     return architecture, source_config
 
 
@@ -211,6 +222,8 @@ def converted_config(
         path_attn_temperature_scale=options.attn_temperature_scale,
         path_attn_temperature_length=options.attn_temperature_length,
         path_layers=list(options.layers) if options.layers is not None else None,
+        local_window=options.local_window,
+        local_sinks=options.local_sinks,
         path_forget_gate=options.forget_gate,
         path_forget_gate_bias=options.forget_gate_bias,
         path_w_rank=options.w_rank,

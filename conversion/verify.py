@@ -303,6 +303,10 @@ def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
     or when the checkpoint and the model disagree about a tensor.
     """
     input_ids, is_text = verification_input(plan.source.path, plan.config.vocab_size)
+    if plan.config.local_window is not None and input_ids.shape[1] > plan.config.local_window:
+        # Past its window a local layer sees fewer keys than the source's: inside it, the same.
+        input_ids = input_ids[:, : plan.config.local_window]
+        print(f"verify: the first {input_ids.shape[1]} tokens only, the local layers' window (--local-window)")
     print(f"verify: running the source and the converted model on {input_ids.shape[1]} tokens in float64", flush=True)
     round_to = {tensor.source.name: tensor.dtype for tensor in plan.tensors if tensor.source is not None}
     reference = SourceReference(plan.config)

@@ -38,7 +38,6 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
 sys.path.insert(0, str(Path(__file__).parent))
 from attention_mass import shown  # noqa: E402  (paths relative to the repository)
@@ -48,6 +47,7 @@ from path_hf.atomic import atomic_file  # noqa: E402
 from path_hf.conversion.loading import load_causal_lm, load_tokenizer  # noqa: E402
 from path_hf.errors import CommandError  # noqa: E402
 from path_hf.evaluation import read_texts, rope_parameters_for, tokenize_stream  # noqa: E402
+from path_hf.local_attention import local_attention  # noqa: E402
 
 
 def local_mask(length: int, window: int, sinks: int = 0) -> torch.Tensor:
@@ -79,45 +79,20 @@ def renumbered_sink_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: SDPA, or, given a `window`, the window of the last `window` keys plus the
-    first `sinks` keys renumbered as in StreamingLLM's cache.
+    first `sinks` keys renumbered as in StreamingLLM's cache: `path_hf.local_attention`, what a PaTHLlama's local
+    layers (`local_window`, `local_sinks`) compute, on one unpadded sequence a row.
 
     q, k `[B, H, S, D]` come rotated by RoPE at their own positions (`inv_freq`: the layer's unscaled frequencies).
-    A sink s outside the window of query i is seen at distance `min(i, cap) - s`, `cap = window - 1 + sinks`: its
-    logit is the query rotated back by `max(0, i - cap)` positions against the sink's key at its own position. Queries
-    in blocks of `block` (default `BLOCK`), each against its window and the sinks, so nothing of size S x S is
-    formed."""
+    A sink s outside the window of query i is seen at distance `min(i, window - 1 + sinks) - s`. Queries in blocks of
+    `block` (default `BLOCK`), so nothing of size S x S is formed."""
     if window is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    block = block or BLOCK
-    groups = query.shape[1] // key.shape[1]
-    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-    length = query.shape[2]
-    positions = torch.arange(length, device=query.device)
-    back = (positions - (window - 1 + sinks)).clamp(min=0).to(inv_freq.dtype)
-    angles = torch.cat([back[:, None] * inv_freq[None]] * 2, dim=-1).to(query.dtype)
-    query_back = query * angles.cos() - rotate_half(query) * angles.sin()  # RoPE by -back
-    output = torch.empty_like(query)
-    for start in range(0, length, block):
-        stop = min(start + block, length)
-        first = max(0, start - window + 1)
-        i = positions[start:stop, None]
-        j = positions[None, first:stop]
-        s = positions[None, :sinks]
-        logits = torch.cat(
-            [
-                (query[:, :, start:stop] @ key[:, :, first:stop].transpose(-1, -2)).masked_fill(
-                    ~((j <= i) & (i - j < window)), float("-inf")
-                ),
-                (query_back[:, :, start:stop] @ key[:, :, :sinks].transpose(-1, -2)).masked_fill(
-                    i - s < window, float("-inf")
-                ),
-            ],
-            dim=-1,
-        )
-        probs = torch.softmax(logits.float() * scaling, dim=-1).to(value.dtype)
-        output[:, :, start:stop] = probs[..., : stop - first] @ value[:, :, first:stop]
-        output[:, :, start:stop] += probs[..., stop - first :] @ value[:, :, :sinks]
-    return output.transpose(1, 2).contiguous(), None
+    positions = torch.arange(query.shape[2], device=query.device).expand(query.shape[0], -1)
+    output = local_attention(
+        query, key, value, positions, positions, window=window, sinks=sinks, inv_freq=inv_freq, scaling=scaling,
+        block=block or BLOCK,
+    )  # fmt: skip
+    return output.contiguous(), None
 
 
 AttentionInterface.register(ATTENTION, renumbered_sink_attention)

@@ -1,0 +1,92 @@
+"""`path-hf convert --local-window / --local-sinks`: the layers outside `--layers` become local. The plan names them,
+the config holds the fields, `--verify` passes on the tokens inside the window (where a local layer is the source's),
+the converted model past the window is transformers' Mistral with the same sliding window, a recipe's
+`model.convert` takes the same keys, and bad values are refused before anything is written."""
+
+import json
+import re
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
+
+from path_hf.conversion.options import VERIFY_TOLERANCE
+from path_hf.errors import RecipeError
+from path_hf.recipes.arguments import ModelArguments
+from path_hf.recipes.models import conversion_options
+from tests.conversion.checkpoints import make_source, run_cli
+
+DIFFERENCE = re.compile(r"verify: max \|logits - source logits\| / std\(source logits\) = (\S+) in float64")
+
+
+@pytest.mark.parametrize(("window", "tokens"), [(16, 16), (1000, 256)])
+def test_convert_and_verify_local_layers(window, tokens, tmp_path, capsys):
+    source = make_source(tmp_path / "source", "llama", tokenizer=True)
+    output = tmp_path / "converted"
+    flags = ["--layers", "1", "--local-window", str(window), "--local-sinks", "2", "--init", "identity", "--verify"]
+    code, out, err = run_cli(capsys, "convert", "--from", source, "--to", output, "--rope", "keep", *flags)
+    assert code == 0, err
+    assert (
+        f"local layers: 0,2, RoPE attention to the last {window} tokens and 2 sink(s) renumbered into the window\n"
+        in out
+    )
+    assert f"verify: running the source and the converted model on {min(tokens, 256)} tokens" in out
+    assert ("the local layers' window (--local-window)" in out) == (window < 256)
+    assert float(DIFFERENCE.search(out)[1]) <= VERIFY_TOLERANCE
+    saved = json.loads((output / "config.json").read_text())
+    assert (saved["local_window"], saved["local_sinks"], saved["path_layers"]) == (window, 2, [1])
+    assert saved["path_conversion"]["options"]["local_window"] == window
+
+
+def test_converted_local_layers_are_mistral_sliding_window(tmp_path, capsys):
+    """Every layer local (`--layers` empty of the model's layers is not allowed: one PaTH layer at identity with RoPE
+    kept is the source's layer): on 60 tokens with a window of 16 the converted model is Mistral's sliding window on
+    its local layers, checked on the one-layer-local, two-layers-RoPE model against a window that covers layer 1."""
+    source = make_source(tmp_path / "source", "llama", num_hidden_layers=2)
+    output = tmp_path / "converted"
+    flags = ["--layers", "1", "--local-window", "16", "--rope", "keep", "--init", "identity"]
+    assert run_cli(capsys, "convert", "--from", source, "--to", output, *flags)[0] == 0
+    converted = AutoModelForCausalLM.from_pretrained(output).eval()
+    reference = AutoModelForCausalLM.from_pretrained(source).eval()
+    config = MistralConfig(**{**reference.config.to_dict(), "model_type": "mistral", "sliding_window": 16})
+    mistral = MistralForCausalLM(config).eval()
+    mistral.load_state_dict(reference.state_dict())
+    mistral.set_attn_implementation("eager")
+    input_ids = torch.randint(0, 256, (1, 60), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        hidden = {}
+        converted.model.layers[0].register_forward_hook(lambda m, a, o: hidden.__setitem__("path", o))
+        mistral.model.layers[0].register_forward_hook(lambda m, a, o: hidden.__setitem__("mistral", o))
+        reference.model.layers[0].register_forward_hook(lambda m, a, o: hidden.__setitem__("source", o))
+        converted(input_ids), mistral(input_ids), reference(input_ids)
+    torch.testing.assert_close(hidden["path"], hidden["mistral"], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(hidden["path"][:, 16:], hidden["source"][:, 16:], atol=1e-4)
+
+
+def test_recipe_takes_the_same_keys(tmp_path):
+    model_args = ModelArguments(path="SRC", convert={"layers": "3,7", "local_window": 8192, "local_sinks": 4})
+    options = conversion_options(model_args, str(tmp_path / "out"))
+    assert (options.layers, options.local_window, options.local_sinks) == ((3, 7), 8192, 4)
+    with pytest.raises(RecipeError, match="model.convert: --local-sinks are the sinks of the local layers"):
+        conversion_options(ModelArguments(path="SRC", convert={"local_sinks": 4}), str(tmp_path / "out"))
+
+
+REFUSED = {
+    "window-without-layers": (["--local-window", "16"], "name the PaTH layers with --layers"),
+    "zero-window": (["--layers", "1", "--local-window", "0"], "--local-window must be a positive number of tokens"),
+    "sinks-without-window": (["--local-sinks", "4"], "--local-sinks are the sinks of the local layers"),
+    "negative-sinks": (["--layers", "1", "--local-window", "8", "--local-sinks", "-1"], "got -1."),
+    "every-layer-path": (["--layers", "0-2", "--local-window", "8"], "every layer is a PaTH layer"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_refused(case, tmp_path, capsys):
+    flags, message = REFUSED[case]
+    source = make_source(tmp_path / "source", "llama")
+    output = tmp_path / "converted"
+    code, _, err = run_cli(capsys, "convert", "--from", source, "--to", output, *flags)
+    assert code == 1
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err, err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["source"]
