@@ -201,7 +201,7 @@ def read_source_config(source: Source, options: ConvertOptions) -> tuple[Archite
     if options.local_window is not None and len(options.layers) == source_config.num_hidden_layers:
         raise ConversionError(
             f"--local-window makes the layers outside --layers local, but --layers names every layer of the model "
-            f"(0-{source_config.num_hidden_layers - 1}): every layer is a PaTH layer. Leave some layers out of --layers."
+            f"(0-{source_config.num_hidden_layers - 1}): every layer is a PaTH layer. Leave some out of --layers."
         )
     return architecture, source_config
 
