@@ -36,6 +36,7 @@ def test_convert_and_verify_local_layers(window, tokens, tmp_path, capsys):
     saved = json.loads((output / "config.json").read_text())
     assert (saved["local_window"], saved["local_sinks"], saved["path_layers"]) == (window, 2, [1])
     assert saved["path_conversion"]["options"]["local_window"] == window
+    assert (output / "local_attention.py").is_file()  # the code of the local layers, for trust_remote_code
 
 
 def test_converted_local_layers_are_mistral_sliding_window(tmp_path, capsys):
