@@ -61,7 +61,8 @@ def local_attention(
     groups = num_heads // key.shape[1]
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     offset = key.shape[2] - length
-    hidden = torch.finfo(torch.float32).min
+    dtype = torch.promote_types(query.dtype, torch.float32)  # the softmax in at least float32 (float64 stays)
+    hidden = torch.finfo(dtype).min
     # The sinks lie among the first `num_sinks` keys of every row (after any left padding).
     is_sink = (key_positions >= 0) & (key_positions < sinks)
     num_sinks = int(is_sink.any(0).nonzero().max()) + 1 if sinks and bool(is_sink.any()) else 0
@@ -79,13 +80,13 @@ def local_attention(
         near = (j >= 0) & (j <= i) & (i - j < window)
         if query_sequences is not None:
             near &= query_sequences[:, start:stop, None] == key_sequences[:, None, first : stop + offset]
-        logits = (query[:, :, start:stop] @ key[:, :, first : stop + offset].transpose(-1, -2)).float()
+        logits = (query[:, :, start:stop] @ key[:, :, first : stop + offset].transpose(-1, -2)).to(dtype)
         logits = logits.masked_fill(~near[:, None], hidden)
         if num_sinks:
             far = (sink_positions >= 0) & (sink_positions < sinks) & (i - sink_positions >= window)
             if query_sequences is not None:
                 far &= query_sequences[:, start:stop, None] == key_sequences[:, None, :num_sinks]
-            sink_logits = (query_back[:, :, start:stop] @ key[:, :, :num_sinks].transpose(-1, -2)).float()
+            sink_logits = (query_back[:, :, start:stop] @ key[:, :, :num_sinks].transpose(-1, -2)).to(dtype)
             logits = torch.cat([logits, sink_logits.masked_fill(~far[:, None], hidden)], dim=-1)
         probs = torch.softmax(logits * scaling, dim=-1).to(value.dtype)
         seen = stop + offset - first

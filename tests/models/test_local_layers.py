@@ -25,11 +25,11 @@ def local_model(seed: int = 0, **overrides) -> PaTHLlamaForCausalLM:
     return PaTHLlamaForCausalLM(tiny_config(**{"local_window": WINDOW, **overrides})).eval()
 
 
-def twin(model: PaTHLlamaForCausalLM, cls, config_cls, **fields):
+def twin(model: PaTHLlamaForCausalLM, cls, config_cls, attention: str = "eager", **fields):
     """A transformers model of class `cls` with `model`'s weights (every layer a RoPE layer)."""
     reference = cls(config_cls(**{**TINY, "initializer_range": 0.2, **fields})).eval()
     reference.load_state_dict(model.state_dict())
-    reference.set_attn_implementation("eager")
+    reference.set_attn_implementation(attention)
     return reference
 
 
@@ -163,3 +163,16 @@ def test_layer_types_follow_the_window():
 def test_bad_local_fields_are_refused(fields, message):
     with pytest.raises((ValueError, StrictDataclassClassValidationError), match=message):
         PaTHLlamaConfig(**TINY, **fields)
+
+
+def test_float64_stays_float64():
+    """In float64 the window's softmax is float64 too: Mistral's sliding window to rounding (`--verify` needs 1e-14;
+    its SDPA, since its eager attention takes the softmax in float32)."""
+    model = local_model(path_layers=[]).double()
+    input_ids = random_tokens(1, LENGTH, seed=9)
+    with torch.no_grad():
+        got = model(input_ids).logits
+        expected = (
+            twin(model, MistralForCausalLM, MistralConfig, "sdpa", sliding_window=WINDOW).double()(input_ids).logits
+        )
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
