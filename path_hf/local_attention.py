@@ -34,7 +34,8 @@ def local_attention(
     query_sequences: torch.Tensor | None = None,
     key_sequences: torch.Tensor | None = None,
     block: int | None = None,
-) -> torch.Tensor:
+    return_weights: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sliding-window attention with renumbered sinks.
 
     Args:
@@ -52,9 +53,12 @@ def local_attention(
         query_sequences, key_sequences: `[B, T]`, `[B, S]` which sequence of a packed row each token belongs to
             (tokens of different sequences never see each other); None: one sequence a row.
         block: queries at a time (default `BLOCK`).
+        return_weights: also return the attention probabilities over the S keys, `[B, HQ, T, S]` (a sink seen both
+            in the window and as a sink cannot be: the two are exclusive), for a decode step's few queries.
 
     Returns:
-        `[B, T, HQ, D]`. A query that sees no key (padding) gets the mean of the values: finite, and masked later.
+        `[B, T, HQ, D]`, and the probabilities if asked. A query that sees no key (padding) gets the mean of the
+        values: finite, and masked later.
     """
     block = block or BLOCK
     batch_size, num_heads, length, _ = query.shape
@@ -72,6 +76,7 @@ def local_attention(
         query_back = query * angles.cos() - rotate_half(query) * angles.sin()  # RoPE by -back
         sink_positions = key_positions[:, None, :num_sinks]
     output = query.new_empty(batch_size, num_heads, length, value.shape[-1])
+    weights = query.new_zeros(batch_size, num_heads, length, key.shape[2]) if return_weights else None
     for start in range(0, length, block):
         stop = min(start + block, length)
         first = max(0, start + offset - window + 1)
@@ -94,7 +99,10 @@ def local_attention(
         if num_sinks:
             out = out + probs[..., seen:] @ value[:, :, :num_sinks]
         output[:, :, start:stop] = out
-    return output.transpose(1, 2)
+        if weights is not None:
+            weights[:, :, start:stop, first : stop + offset] = probs[..., :seen]
+            weights[:, :, start:stop, :num_sinks] += probs[..., seen:]
+    return (output.transpose(1, 2), weights) if return_weights else output.transpose(1, 2)
 
 
 class LocalCacheLayer(DynamicLayer):

@@ -236,7 +236,7 @@ class PaTHLlamaLocalAttention(PaTHLlamaRoPEAttention):
         local_sequences: torch.Tensor | None = None,
         rope_inv_freq: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
-    ) -> tuple[torch.Tensor, None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """
         Args:
             local_positions: `[B, T]` each token's position in its sequence, -1 for padding (`PaTHLlamaModel` passes
@@ -244,7 +244,10 @@ class PaTHLlamaLocalAttention(PaTHLlamaRoPEAttention):
             local_sequences: `[B, T]` which sequence of a packed row each token belongs to, or None.
 
         Returns:
-            The output `[B, T, hidden]`, and None: no attention matrix is formed.
+            The output `[B, T, hidden]`, and the attention weights `[B, HQ, 1, S]` of a decode step (one new token
+            after S - 1 seen) when they are asked for (`output_attentions`), over every key seen, as eager attention
+            returns them (0 on the keys the layer no longer sees or caches). Otherwise None: a prefill forms no
+            attention matrix.
         """
         if local_positions is None or rope_inv_freq is None:
             raise ValueError("A local layer needs local_positions and rope_inv_freq (PaTHLlamaModel passes them).")
@@ -258,6 +261,8 @@ class PaTHLlamaLocalAttention(PaTHLlamaRoPEAttention):
             )
         if local_sequences is not None and key_positions.shape[-1] != local_positions.shape[-1]:
             raise ValueError("Packed sequences cannot continue a cache.")
+        decode_weights = cache is not None and hidden_states.shape[1] == 1
+        decode_weights = decode_weights and kwargs.get("output_attentions", self.config.output_attentions)
         attn_output = local_attention(
             query_states,
             key_states,
@@ -270,9 +275,17 @@ class PaTHLlamaLocalAttention(PaTHLlamaRoPEAttention):
             scaling=self.scaling,
             query_sequences=local_sequences,
             key_sequences=local_sequences,
+            return_weights=decode_weights,
         )
+        attn_weights = None
+        if decode_weights:  # over the S keys seen: a cached key's index is its position plus the row's padding
+            attn_output, kept_weights = attn_output
+            seen = self._cache_layer(cache).get_seq_length()
+            index = (key_positions + (seen - 1 - local_positions)).clamp(min=0)  # padding: weight 0, anywhere
+            attn_weights = kept_weights.new_zeros(*kept_weights.shape[:3], seen)
+            attn_weights.scatter_add_(-1, index[:, None, None].expand_as(kept_weights), kept_weights)
         attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
-        return self.o_proj(attn_output), None
+        return self.o_proj(attn_output), attn_weights
 
     def _cache_layer(self, cache: Cache) -> LocalCacheLayer:
         """This layer's cache; an empty layer of another class (`DynamicCache()` built without the config) is

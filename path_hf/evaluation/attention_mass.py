@@ -30,6 +30,8 @@ probabilities of its single query over all the cached keys (`output_attentions=T
 - a RoPE layer (a transformers Llama, Qwen, ..., or a PaTHLlama's layers outside `path_layers`) runs its decode steps
   with transformers' eager attention, which returns its probabilities; the prefill keeps the model's own
   implementation (SDPA by default).
+- a local layer (`PaTHLlamaLocalAttention`, `local_window`) returns its probabilities over every key seen, 0 on those
+  outside its window and sinks (its cache no longer holds them).
 
 The prefill costs what a forward pass of T - Q tokens costs; each decode step one query against T keys per layer.
 """

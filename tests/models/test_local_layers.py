@@ -176,3 +176,22 @@ def test_float64_stays_float64():
             twin(model, MistralForCausalLM, MistralConfig, "sdpa", sliding_window=WINDOW).double()(input_ids).logits
         )
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_decode_attention_weights_are_streamingllm_probabilities():
+    """`output_attentions` at a decode step: the probabilities over every key seen, 0 outside the window and the sinks,
+    and on the kept keys those of a plain Llama (eager) on StreamingLLM's cache; what `attention_mass` reads."""
+    sinks = 2
+    model = local_model(path_layers=[], num_hidden_layers=1, local_sinks=sinks)
+    plain = twin(model, LlamaForCausalLM, LlamaConfig, num_hidden_layers=1)
+    input_ids = random_tokens(1, LENGTH, seed=10)
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(input_ids[:, :-1], cache=cache, use_cache=True)
+        weights = model(input_ids[:, -1:], cache=cache, use_cache=True, output_attentions=True).attentions[0]
+        kept = torch.cat([input_ids[:, :sinks], input_ids[:, LENGTH - WINDOW :]], dim=1)
+        expected = plain(kept, output_attentions=True).attentions[0][:, :, -1:]
+    assert weights.shape == (1, 4, 1, LENGTH)
+    torch.testing.assert_close(weights[..., sinks : LENGTH - WINDOW], torch.zeros(1, 4, 1, LENGTH - WINDOW - sinks))
+    got = torch.cat([weights[..., :sinks], weights[..., LENGTH - WINDOW :]], dim=-1)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
