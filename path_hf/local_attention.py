@@ -11,7 +11,7 @@ Importing this module registers `LocalCacheLayer` for the layer type `"local_att
 """
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, StaticLayer
 from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
 from .configuration_path_llama import LOCAL_LAYER_TYPE
@@ -164,4 +164,17 @@ class LocalCacheLayer(DynamicLayer):
             self.positions = self.positions[indices]
 
 
-__all__ = ["BLOCK", "LocalCacheLayer", "local_attention"]
+class LocalStaticCacheLayer(StaticLayer):
+    """What `StaticCache(config)` would build for a local layer: refused, with what to do instead. A static cache's
+    slots are positions, and a local layer keeps the sinks and a moving window."""
+
+    _layer_type = LOCAL_LAYER_TYPE
+
+    def __init__(self, *args, **kwargs):
+        raise ValueError(
+            "Local layers (local_window) have no static cache: use the dynamic cache that generate builds by default "
+            "(not cache_implementation='static'), or DynamicCache(config=model.config)."
+        )
+
+
+__all__ = ["BLOCK", "LocalCacheLayer", "LocalStaticCacheLayer", "local_attention"]

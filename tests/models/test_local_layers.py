@@ -195,3 +195,10 @@ def test_decode_attention_weights_are_streamingllm_probabilities():
     torch.testing.assert_close(weights[..., sinks : LENGTH - WINDOW], torch.zeros(1, 4, 1, LENGTH - WINDOW - sinks))
     got = torch.cat([weights[..., :sinks], weights[..., LENGTH - WINDOW :]], dim=-1)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_static_cache_is_refused_with_what_to_do():
+    model = local_model(path_layers=[1], local_sinks=2)
+    model.generation_config.pad_token_id = 0
+    with pytest.raises(ValueError, match="Local layers \\(local_window\\) have no static cache: use the dynamic cache"):
+        model.generate(random_tokens(1, 6), max_new_tokens=2, do_sample=False, cache_implementation="static")
