@@ -719,6 +719,11 @@ class PaTHLlamaModel(PaTHLlamaPreTrainedModel):
         )
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        if LOCAL_LAYER_TYPE in config.layer_types:
+            # The local layers' own RoPE, the same as the global layers' as built, but a separate module: scaling for
+            # length (`path_hf.evaluation.rope_scaling`, which swaps `rotary_emb`) concerns the global layers only,
+            # since no distance in a local layer exceeds its window.
+            self.local_rotary_emb = LlamaRotaryEmbedding(config=config)
         self.gradient_checkpointing = False
 
         # Initialize weights and apply final processing
@@ -799,12 +804,13 @@ class PaTHLlamaModel(PaTHLlamaPreTrainedModel):
 
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+        rope_by_type = dict.fromkeys(self.config.layer_types, position_embeddings)
         if LOCAL_LAYER_TYPE in layer_kwargs:
+            rope_by_type[LOCAL_LAYER_TYPE] = self.local_rotary_emb(hidden_states, position_ids=position_ids)
             layer_kwargs[LOCAL_LAYER_TYPE] = {
                 **layer_kwargs[LOCAL_LAYER_TYPE],
                 **self._local_kwargs(inputs_embeds, attention_mask, position_ids, given_position_ids, past_seen_tokens),
             }
-        rope_by_type = dict.fromkeys(self.config.layer_types, position_embeddings)
         rotate = rope_band(self.config)
         if rotate is not None and PATH_LAYER_TYPE in rope_by_type:  # critical-band RoPE: PaTH layers only
             rope_by_type[PATH_LAYER_TYPE] = band_limited(position_embeddings, rotate, self.rotary_emb.attention_scaling)
@@ -847,7 +853,8 @@ class PaTHLlamaModel(PaTHLlamaPreTrainedModel):
             positions = positions.masked_fill(attention_mask[:, -seq_len:] == 0, -1)
         elif given_position_ids is not None and seq_len > 1 and past_seen_tokens == 0:
             sequences = find_packed_sequence_indices(positions)
-        return {"local_positions": positions, "local_sequences": sequences, "rope_inv_freq": self.rotary_emb.inv_freq}
+        inv_freq = self.local_rotary_emb.inv_freq
+        return {"local_positions": positions, "local_sequences": sequences, "rope_inv_freq": inv_freq}
 
 
 class PaTHLlamaForCausalLM(PaTHLlamaPreTrainedModel, LlamaForCausalLM):

@@ -40,7 +40,8 @@ class AttentionAlignment:
         self.active = False
         self.inputs: dict[int, dict] = {}
         # The student's own RoPE tables, computed once a step where the teacher's are of lower precision.
-        self.rotary = next((m for name, m in student.named_modules() if name.endswith("rotary_emb")), None)
+        # (a hybrid's local layers have their own, `local_rotary_emb`; PaTH layers take `rotary_emb`'s)
+        self.rotary = next((m for name, m in student.named_modules() if name.rsplit(".", 1)[-1] == "rotary_emb"), None)
         self.tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
         self.targets: dict[int, torch.Tensor] = {}
         self.outputs: dict[int, torch.Tensor] = {}

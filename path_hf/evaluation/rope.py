@@ -45,25 +45,34 @@ def rope_scaling(
 ) -> Iterator[nn.Module]:
     """Within the block, `model`'s rotary embeddings (every submodule named `rotary_emb`) are replaced by ones of the
     same class built from a copy of its config with `rope_parameters_for(...)`, i.e. transformers' own YaRN / dynamic
-    NTK / linear implementation; the originals come back after. Raises `ValueError` for a model without RoPE."""
+    NTK / linear implementation; the originals come back after. Raises `ValueError` for a model without RoPE.
+
+    The local layers of a PaTH hybrid (`local_window`) keep their own RoPE (`local_rotary_emb`): no distance they see
+    exceeds the window, so none is out of distribution while the window is at most the training context
+    (`original_length`). A window longer than that is rescaled with the rest."""
     config = copy.deepcopy(model.config)
     config.rope_parameters = rope_parameters_for(config, rope_type, factor, original_length)
     if rope_type == "dynamic":
         config.max_position_embeddings = original_length or config.max_position_embeddings
+    window = getattr(config, "local_window", None)
+    names = {"rotary_emb"}
+    if window is not None and window > (original_length or model.config.max_position_embeddings):
+        names.add("local_rotary_emb")
     swapped = []
     for name, module in list(model.named_modules()):
-        if name.rsplit(".", 1)[-1] == "rotary_emb":
+        attribute = name.rsplit(".", 1)[-1]
+        if attribute in names:
             parent = model.get_submodule(name.rpartition(".")[0])
             device = next(iter(module.buffers()), torch.empty(0)).device
-            parent.rotary_emb = type(module)(config).to(device)
-            swapped.append((parent, module))
+            setattr(parent, attribute, type(module)(config).to(device))
+            swapped.append((parent, attribute, module))
     if not swapped:
         raise ValueError(f"{type(model).__name__} has no rotary embedding (rotary_emb) to rescale: it uses no RoPE")
     try:
         yield model
     finally:
-        for parent, module in swapped:
-            parent.rotary_emb = module
+        for parent, attribute, module in swapped:
+            setattr(parent, attribute, module)
 
 
 __all__ = ["ROPE_SCALING_TYPES", "rope_parameters_for", "rope_scaling"]

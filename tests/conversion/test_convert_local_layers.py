@@ -12,9 +12,11 @@ from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
 
 from path_hf.conversion.options import VERIFY_TOLERANCE
 from path_hf.errors import RecipeError
+from path_hf.evaluation import rope_parameters_for, rope_scaling
 from path_hf.recipes.arguments import ModelArguments
 from path_hf.recipes.models import conversion_options
 from tests.conversion.checkpoints import make_source, run_cli
+from tests.evaluation.test_local_layers import script
 
 DIFFERENCE = re.compile(r"verify: max \|logits - source logits\| / std\(source logits\) = (\S+) in float64")
 
@@ -91,3 +93,41 @@ def test_refused(case, tmp_path, capsys):
     assert err.startswith("error: ") and err.count("\n") == 1, err
     assert message in err, err
     assert sorted(path.name for path in tmp_path.iterdir()) == ["source"]
+
+
+@pytest.mark.parametrize("window", [16, 64])
+def test_rope_scaling_rescales_the_global_layers_only(window, tmp_path, capsys):
+    """YaRN on a hybrid (`path-hf eval --model PATH@yarn:F`) rescales the RoPE of its PaTH layers and leaves the local
+    layers' alone while the window is within the training context: the identity-initialised hybrid under
+    `rope_scaling` is the source under `examples/smollm2/local_layers.py`'s hooks (renumbered sinks, YaRN's cos / sin
+    on the global layer, both computed independently). A window past the training context is rescaled too."""
+    source = make_source(tmp_path / "source", "llama", max_position_embeddings=32)
+    output = tmp_path / "converted"
+    flags = ["--layers", "1", "--local-window", str(window), "--local-sinks", "2", "--rope", "keep"]
+    flags += ["--init", "identity"]
+    assert run_cli(capsys, "convert", "--from", source, "--to", output, *flags)[0] == 0
+    converted = AutoModelForCausalLM.from_pretrained(output).eval()
+    reference = AutoModelForCausalLM.from_pretrained(source).eval()
+    input_ids = torch.randint(0, 256, (1, 60), generator=torch.Generator().manual_seed(1))
+    local_yarn = window > 32
+    with torch.no_grad():
+        with rope_scaling(converted, "yarn", 2.0):
+            assert (converted.model.local_rotary_emb.rope_type == "yarn") == local_yarn
+            got = converted(input_ids).logits
+        assert converted.model.local_rotary_emb.rope_type == converted.model.rotary_emb.rope_type == "default"
+        # the script's hooks put YaRN on the global layers; a rescaled local layer is built here the same way
+        config = type(reference.config).from_dict(reference.config.to_dict())
+        config.rope_parameters = rope_parameters_for(config, "yarn", 2.0)
+        yarn_rope = type(reference.model.rotary_emb)(config)(torch.zeros(1), torch.arange(60)[None])
+        script.hybrid(reference, 60, window, sinks=2, globals_=[1], yarn=2.0, renumber_sinks=True)
+        if local_yarn:
+            for index in (0, 2):
+                reference.model.layers[index].register_forward_pre_hook(
+                    lambda module, args, kwargs: (args, {**kwargs, "position_embeddings": yarn_rope}),
+                    with_kwargs=True,
+                )
+        expected = reference(input_ids).logits
+        with rope_scaling(reference, "yarn", 2.0):  # every layer's RoPE rescaled: another model
+            every = reference(input_ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert local_yarn or not torch.allclose(got, every, atol=1e-4)
