@@ -65,6 +65,10 @@ def local_attention(
     groups = num_heads // key.shape[1]
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     offset = key.shape[2] - length
+    if not return_weights and _within_window(query_positions, key_positions, query_sequences, offset, window):
+        # Every query sees every earlier key of its row, and no sink is renumbered: causal attention, SDPA's kernel.
+        output = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
+        return output.transpose(1, 2)
     dtype = torch.promote_types(query.dtype, torch.float32)  # the softmax in at least float32 (float64 stays)
     hidden = torch.finfo(dtype).min
     # The sinks lie among the first `num_sinks` keys of every row (after any left padding).
@@ -103,6 +107,21 @@ def local_attention(
             weights[:, :, start:stop, first : stop + offset] = probs[..., :seen]
             weights[:, :, start:stop, :num_sinks] += probs[..., seen:]
     return (output.transpose(1, 2), weights) if return_weights else output.transpose(1, 2)
+
+
+def _within_window(
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    query_sequences: torch.Tensor | None,
+    offset: int,
+    window: int,
+) -> bool:
+    """Whether the local attention is plain causal attention: a prefill (no cache) of one unpadded sequence a row, no
+    longer than the window. The sinks then lie inside every query's window, at their own positions."""
+    length = key_positions.shape[-1]
+    if offset or query_sequences is not None or length > window:
+        return False
+    return bool((key_positions == torch.arange(length, device=key_positions.device)).all())
 
 
 class LocalCacheLayer(DynamicLayer):

@@ -47,6 +47,27 @@ def test_local_layers_are_mistral_sliding_window(block, monkeypatch):
     assert not torch.allclose(got[:, WINDOW:], plain[:, WINDOW:], atol=1e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_prefill_within_the_window_is_causal_attention(dtype, monkeypatch):
+    """A prefill of unpadded rows no longer than the window takes SDPA's causal kernel: Llama's attention (the sinks
+    then stand at their own positions), to rounding in float64; padded rows or a longer prefill take the blocks."""
+    taken = []
+    within = local_attention._within_window
+    monkeypatch.setattr(local_attention, "_within_window", lambda *args: taken.append(within(*args)) or taken[-1])
+    model = local_model(path_layers=[], local_sinks=2).to(dtype)
+    plain = twin(model, LlamaForCausalLM, LlamaConfig, "sdpa").to(dtype)
+    input_ids = random_tokens(2, WINDOW, seed=11)
+    with torch.no_grad():
+        got, expected = model(input_ids).logits, plain(input_ids).logits
+        assert taken == [True] * model.config.num_hidden_layers
+        padded = torch.ones_like(input_ids)
+        padded[1, :3] = 0
+        model(input_ids, attention_mask=padded), model(random_tokens(1, WINDOW + 1, seed=12))
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
+    assert not any(taken[model.config.num_hidden_layers :])
+
+
 @pytest.mark.parametrize("sinks", [1, 3])
 def test_renumbered_sinks_are_streamingllm_cache(sinks):
     """One local layer: query i computes what a plain Llama computes on StreamingLLM's cache, the sinks then the
