@@ -42,6 +42,7 @@ from pathlib import Path
 
 from path_hf.evaluation.command import common_train_length
 from path_hf.recipes.arguments import RecipeConfig
+from path_hf.recipes.models import convert_flags
 from path_hf.recipes.schedule import StagePlan, plan_stages, stage_at, tokens_before
 
 REPO = Path(__file__).resolve().parent.parent
@@ -266,19 +267,6 @@ def block_overrides(config: RecipeConfig, sizes: dict[int, int]) -> list[str]:
         for index, stage in enumerate(config.stages)
         if stage.block_size in sizes
     ]
-
-
-def convert_flags(options: dict) -> list[str]:
-    """A recipe's `model.convert` mapping as `path-hf convert` flags: {forget_gate: true, rope: drop} ->
-    --forget-gate --rope drop."""
-    flags = []
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif value is not False and value is not None:
-            flags += [flag, str(value)]
-    return flags
 
 
 def merge_reports(before: dict, after: dict | None) -> dict:

@@ -97,6 +97,21 @@ def conversion_options(model_args: ModelArguments, output: str) -> ConvertOption
         raise RecipeError(f"model.convert: {error}") from error
 
 
+def convert_flags(convert: dict) -> list[str]:
+    """A recipe's `model.convert` as `path-hf convert` flags: {forget_gate: true, layers: "3,7"} -> --forget-gate
+    --layers 3,7 (false and null leave a flag out); a key the converter does not take is refused."""
+    known = {option.name: option for option in fields(ConvertOptions) if option.name not in RUN_OPTIONS}
+    flags = []
+    for key, value in convert.items():
+        if key not in known:
+            raise RecipeError(f"unknown key model.convert.{key}")
+        if value is True:
+            flags.append(flag(known[key]))
+        elif value is not False and value is not None:
+            flags += [flag(known[key]), str(value)]
+    return flags
+
+
 # What the converter's flags are in a recipe: `model.convert.<field>`, and the run's own places.
 _RECIPE_TERMS = {
     **{

@@ -42,6 +42,8 @@ def test_the_smollm2_pipeline_on_a_tiny_gguf(tmp_path):
     converted = json.loads((out / "converted" / "config.json").read_text())
     assert converted["model_type"] == "path_llama" and converted["path_conversion"]["source"] == str(gguf)
     assert converted["path_forget_gate_bias"] == report["recipe"]["model"]["convert"]["forget_gate_bias"]
+    # The shipped recipe's hybrid, scaled down: the tiny source's last layer PaTH, the other local, the quick context.
+    assert (converted["path_layers"], converted["local_window"], converted["local_sinks"]) == ([1], 64, 4)
     assert report["recovery"]["final"]["tokens"] == 256 * len(report["recipe"]["stages"])
     assert report["long_tuning"]["final"]["tokens"] == 256 * len(report["long_recipe"]["stages"])
 
@@ -105,7 +107,7 @@ def test_the_smollm2_pipeline_on_a_tiny_gguf(tmp_path):
     # The PaTH parameters of step 0 and the recovered model, per layer: beta in (0, 2), log gates <= 0 (forget gate).
     assert set(extras["path_parameters"]) == {"step 0", "recovered"}
     for entry in extras["path_parameters"].values():
-        assert len(entry["beta"]["layers"]) == converted["num_hidden_layers"]
+        assert len(entry["beta"]["layers"]) == len(converted["path_layers"])
         assert all(0 < beta < 2 for beta in entry["beta"]["layers"])
         assert all(gate <= 0 for gate in entry["log_gate"]["layers"])
     # The recipe moved them: the recovered model's differ from step 0's.

@@ -43,8 +43,11 @@ from pathlib import Path
 import yaml
 
 from path_hf.atomic import atomic_file
+from path_hf.conversion.loading import load_config
+from path_hf.conversion.options import parse_layers
 from path_hf.evaluation import plot_lengths
 from path_hf.evaluation.command import ModelSpec, common_train_length
+from path_hf.recipes.models import convert_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "configs" / "smollm2-135m-cpu.yaml"
@@ -145,6 +148,17 @@ class Plan:
         self.long_train = self.out / "long"
         self.long_tuned = self.long_train / "final"
 
+    def convert_options(self) -> dict:
+        """The recipe's `model.convert`. `--quick` scales a hybrid (`local_window`) down with the rest: the listed PaTH
+        layers that the source has (its last layer if none) and a window of the quick context."""
+        options = dict(self.recipe["model"]["convert"])
+        if self.quick and options.get("local_window"):
+            num_layers = load_config(str(self.gguf)).num_hidden_layers
+            kept = [layer for layer in parse_layers(str(options["layers"])) if layer < num_layers] or [num_layers - 1]
+            options["layers"] = ",".join(map(str, kept))
+            options["local_window"] = min(options["local_window"], self.context)
+        return options
+
     def path_yarn(self, model: Path, length: int) -> str:
         """`model` with YaRN on its RoPE at `length` (`path-hf eval`'s `@yarn:FACTOR`), at PATH_YARN_SHARE of the
         source's factor."""
@@ -202,10 +216,7 @@ def fetch(plan: Plan, threads: int | None) -> None:
 
 
 def convert(plan: Plan, threads: int | None) -> None:
-    options = plan.recipe["model"]["convert"]
-    flags = ["--rope", options["rope"], "--init", options.get("init", "default")]
-    flags += ["--forget-gate"] if options.get("forget_gate") else []
-    flags += ["--forget-gate-bias", str(options["forget_gate_bias"])] if options.get("forget_gate_bias") else []
+    flags = convert_flags(plan.convert_options())
     flags += ["--force"] if plan.converted.exists() else []
     run([*tool("path-hf", "conversion"), "convert", "--from", plan.gguf, "--to", plan.converted, *flags, "--verify"],
         threads)  # fmt: skip

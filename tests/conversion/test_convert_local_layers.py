@@ -3,18 +3,22 @@ the config holds the fields, `--verify` passes on the tokens inside the window (
 the converted model past the window is transformers' Mistral with the same sliding window, a recipe's
 `model.convert` takes the same keys, and bad values are refused before anything is written."""
 
+import argparse
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
 
-from path_hf.conversion.options import VERIFY_TOLERANCE
+from path_hf.arguments import add_arguments, from_arguments
+from path_hf.conversion.options import VERIFY_TOLERANCE, ConvertOptions
 from path_hf.errors import RecipeError
 from path_hf.evaluation import rope_parameters_for, rope_scaling
 from path_hf.recipes.arguments import ModelArguments
-from path_hf.recipes.models import conversion_options
+from path_hf.recipes.models import conversion_options, convert_flags
 from tests.conversion.checkpoints import make_source, run_cli
 from tests.evaluation.test_local_layers import script
 
@@ -131,3 +135,20 @@ def test_rope_scaling_rescales_the_global_layers_only(window, tmp_path, capsys):
             every = reference(input_ids).logits
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert local_yarn or not torch.allclose(got, every, atol=1e-4)
+
+
+def test_shipped_recipes_convert_flags_are_the_recipes_options():
+    """`make smollm2` and bench/gpu.sh convert with `path-hf convert` and the flags of the recipe's `model.convert`:
+    parsed by the converter, they give the options the recipe itself would convert with (the hybrid's keys included)."""
+    root = Path(__file__).resolve().parents[2]
+    for name in ("smollm2-135m-cpu.yaml", "smollm2-135m-gpu.yaml"):
+        recipe = yaml.safe_load((root / "recipes" / "configs" / name).read_text())
+        parser = argparse.ArgumentParser()
+        add_arguments(parser, ConvertOptions)
+        flags = convert_flags(recipe["model"]["convert"])
+        parsed = from_arguments(parser.parse_args(["--from", "SRC", "--to", "OUT", *flags]), ConvertOptions)
+        expected = conversion_options(ModelArguments(path="SRC", convert=recipe["model"]["convert"]), "OUT")
+        assert parsed == expected
+        assert (parsed.layers, parsed.local_window, parsed.local_sinks) == ((3, 7, 11, 15, 19, 23, 27), 8192, 4)
+    with pytest.raises(RecipeError, match="unknown key model.convert.window"):
+        convert_flags({"window": 8192})
