@@ -63,12 +63,15 @@ def local_attention(
     block = block or BLOCK
     batch_size, num_heads, length, _ = query.shape
     groups = num_heads // key.shape[1]
-    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     offset = key.shape[2] - length
     if not return_weights and _within_window(query_positions, key_positions, query_sequences, offset, window):
-        # Every query sees every earlier key of its row, and no sink is renumbered: causal attention, SDPA's kernel.
-        output = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
+        # Every query sees every earlier key of its row, and no sink is renumbered: causal attention, SDPA's kernel
+        # (which shares the key-value heads itself).
+        output = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, is_causal=True, scale=scaling, enable_gqa=groups > 1
+        )
         return output.transpose(1, 2)
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     dtype = torch.promote_types(query.dtype, torch.float32)  # the softmax in at least float32 (float64 stays)
     hidden = torch.finfo(dtype).min
     # The sinks lie among the first `num_sinks` keys of every row (after any left padding).
