@@ -62,7 +62,7 @@ STEPS ?=
 JOBS ?=
 smollm2: install
 	$(PY) examples/smollm2/run.py --output runs/smollm2 $(if $(SMOLLM2_GGUF),--gguf $(SMOLLM2_GGUF)) \
-		$(if $(STEPS),--steps $(STEPS)) $(if $(JOBS),--jobs $(JOBS) --threads 1)
+		$(if $(STEPS),--steps $(STEPS)) $(if $(JOBS),--jobs $(JOBS) --eval-threads 1)
 
 bench: install
 	$(PY) bench/attention_cpu.py

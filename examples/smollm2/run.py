@@ -19,7 +19,7 @@ python examples/smollm2/run.py                         # what `make smollm2` run
 python examples/smollm2/run.py --gguf PATH.gguf        # a GGUF at hand (no download), e.g. on a machine offline
 python examples/smollm2/run.py --steps eval,extras     # rerun some steps of an earlier run (the others are reused)
 python examples/smollm2/run.py --quick                 # tiny budgets and lengths: checks the pipeline, not the model
-python examples/smollm2/run.py --jobs 2 --threads 1    # two one-thread evaluations side by side (2 cores)
+python examples/smollm2/run.py --jobs 2 --eval-threads 1   # two one-thread evaluations side by side (2 cores)
 ```
 Each step is the command a user would type; they are printed as they run. A step whose output exists is skipped
 unless named in `--steps`.
@@ -82,6 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--steps", help=f"comma-separated steps to (re)run, of {','.join(STEPS)} (default: all missing)"
     )
     parser.add_argument("--threads", type=int, help="torch threads of each step (default: torch's choice)")
+    parser.add_argument(
+        "--eval-threads", type=int, help="torch threads of each evaluation process (default: --threads)"
+    )
     parser.add_argument(
         "--jobs", type=int, default=1, help="evaluation processes side by side (each checkpoint of a pass is one)"
     )
@@ -427,13 +430,14 @@ def main(argv: list[str] | None = None) -> int:
         "eval-path": all(output.is_file() for *_, output in plan.eval_passes("path")),
         "extras": (plan.out / "extras.json").is_file(),
     }
+    eval_threads = args.eval_threads or args.threads  # the training steps keep every core
     steps = {
         "fetch": fetch,
         "convert": convert,
-        "eval-source": lambda plan, threads: evaluate(plan, "source", threads, "eval-source" in asked, args.jobs),
+        "eval-source": lambda plan, threads: evaluate(plan, "source", eval_threads, "eval-source" in asked, args.jobs),
         "recover": recover,
         "tune-long": tune_long,
-        "eval-path": lambda plan, threads: evaluate(plan, "path", threads, "eval-path" in asked, args.jobs),
+        "eval-path": lambda plan, threads: evaluate(plan, "path", eval_threads, "eval-path" in asked, args.jobs),
         "extras": extras,
     }
     started = time.perf_counter()
