@@ -90,12 +90,21 @@ def test_the_smollm2_pipeline_on_a_tiny_gguf(tmp_path):
             ppl["PaTH, recovered"][128] / ppl["source + YaRN"][128]
         )
         assert ("beats_yarn_32k" in goals) == (text == LONG_TEXT)
+        # Issue 24's goals, of the shipped (long-tuned) model: every length inside the context against the source.
+        inside = {int(n): ratio for n, ratio in goals["long_tuned_over_source"].items()}
+        assert inside == pytest.approx({n: ppl["PaTH, long-tuned"][n] / ppl["source (RoPE)"][n] for n in (64,)})
+        assert goals["in_context_met"] == (max(inside.values()) <= 1.02)
+        assert goals["no_worse_than_yarn_16k_met"] == (goals["long_tuned_yarn_over_yarn_16k"] <= 1)
     long_ppl = report["texts"][LONG_TEXT]["ppl"]
     long_goals = report["goals"][LONG_TEXT]
     assert long_goals["long_tuned_yarn_over_yarn_32k"] == pytest.approx(
         long_ppl["PaTH, long-tuned + YaRN"]["256"] / long_ppl["source + YaRN"]["256"]
     )
     assert long_goals["beats_yarn_32k"] == (long_goals["long_tuned_yarn_over_yarn_32k"] < 1)
+    assert long_goals["long_tuned_yarn_32k_over_8k"] == pytest.approx(
+        long_ppl["PaTH, long-tuned + YaRN"]["256"] / long_ppl["PaTH, long-tuned"]["64"]
+    )
+    assert long_goals["flat_32k_met"] == (long_goals["long_tuned_yarn_32k_over_8k"] <= 1.1)
     # YaRN on the PaTH models at 3/4 of the source's factor (length / 64 here): 1.5 at 128, 3 at 256.
     models_on_long_text = report["texts"][LONG_TEXT]["models"]
     for label in with_yarn:

@@ -14,7 +14,8 @@ a folder of links to the checkpoint's files beside its own config.json, made und
 screen's lengths it is evaluated at (`lengths:`, default all). Retrieval runs in every cell when the screen sets
 `passkey_trials` (and `passkey_depths`) or `copy_trials` (and `copy_span`), as `path-hf eval` takes them. Every (row,
 text, length) is one `path-hf eval` run with OMP_NUM_THREADS=1, `--jobs` at once (default: one per core), so the whole
-table comes from one run on an equal footing, and each cell records its CPU minutes. Cells already written are kept
+table comes from one run on an equal footing, and each cell records its CPU minutes (the process's own CPU time, so
+a cell that shared the machine costs what it would alone; its wall minutes beside them). Cells already written are kept
 (an interrupted screen resumes). Writes `screen.json` (every cell, the protocol) and `screen.md` (the table) in the
 output folder.
 """
@@ -77,6 +78,14 @@ def variant(model: str, fields: dict, folder: Path) -> str:
     return os.path.relpath(folder, ROOT) + at + scaling
 
 
+def run_counted(command: list[str], env: dict, stream) -> tuple[int, float]:
+    """Run `command` to its end; its exit code and the CPU seconds (user + system) that it and its children used."""
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=stream, stderr=subprocess.STDOUT)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    return process.returncode, usage.ru_utime + usage.ru_stime
+
+
 def cell(row: dict, text: str, length: int, screen: dict, out: Path, model: str) -> dict:
     """One `path-hf eval` run at one thread; its JSON is kept in `out/cells/`."""
     output = out / "cells" / f"{slug(row['label'])}--{text}--{length}.json"
@@ -94,11 +103,13 @@ def cell(row: dict, text: str, length: int, screen: dict, out: Path, model: str)
         started = time.perf_counter()
         log = out / "logs" / f"{output.stem}.log"
         with open(log, "w") as stream:
-            done = subprocess.run(command, cwd=ROOT, env=env, stdout=stream, stderr=subprocess.STDOUT)
-        if done.returncode:
-            return {"row": row["label"], "text": text, "length": length, "error": f"exit {done.returncode}, {log}"}
+            returncode, cpu_seconds = run_counted(command, env, stream)
+        if returncode:
+            return {"row": row["label"], "text": text, "length": length, "error": f"exit {returncode}, {log}"}
         report = json.loads(output.read_text())
-        report["cpu_minutes"] = round((time.perf_counter() - started) / 60, 2)
+        # the process's own CPU time (one thread): what the cell costs, whatever else shared the machine
+        report["cpu_minutes"] = round(cpu_seconds / 60, 2)
+        report["wall_minutes"] = round((time.perf_counter() - started) / 60, 2)
         output.write_text(json.dumps(report, indent=2) + "\n")
     report = json.loads(output.read_text())
     entry = report["models"][row["label"]]["lengths"][str(length)]

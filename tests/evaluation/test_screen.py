@@ -1,6 +1,7 @@
 """examples/smollm2/screen.py on a tiny checkpoint: config variants as linked folders, one eval process a cell, the
 table, and cells kept on a rerun."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -125,3 +126,17 @@ def test_screen_placeholders_name_the_files_of_make_smollm2(checkpoints, tmp_pat
     # the two are links to one checkpoint: compare the paths, not what they point to
     assert os.path.normpath(ROOT / models["recovered"]) == str(smollm2.resolve() / "train" / "final")
     assert os.path.normpath(ROOT / models["tuned"]) == str(smollm2.resolve() / "long" / "final")
+
+
+def test_a_cell_counts_the_cpu_time_of_its_process_not_the_wall_time(tmp_path):
+    """A cell's `cpu_minutes` is its process's own CPU time, so cells that share the machine still cost what they cost:
+    a process that sleeps costs nothing, one that computes costs its time, and the exit code comes back."""
+    spec = importlib.util.spec_from_file_location("screen", SCREEN)
+    screen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(screen)
+    with open(tmp_path / "log", "w") as stream:
+        slept = screen.run_counted([sys.executable, "-c", "import time; time.sleep(1.0)"], dict(os.environ), stream)
+        busy = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass\nexit(3)"
+        computed = screen.run_counted([sys.executable, "-c", busy], dict(os.environ), stream)
+    assert slept[0] == 0 and slept[1] < 0.5
+    assert computed[0] == 3 and computed[1] >= 0.5
