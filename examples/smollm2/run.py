@@ -38,6 +38,7 @@ import sys
 import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 
 import yaml
@@ -261,8 +262,8 @@ def train(plan: Plan, recipe_file: Path, recipe: dict, model: Path, output_dir: 
 
 
 def evaluate(plan: Plan, group: str, threads: int | None, redo: bool, jobs: int = 1) -> None:
-    """`path-hf eval` of one group of models (`Plan.eval_passes`); passes already written are kept unless `redo`
-    (an interrupted step resumes where it stopped).
+    """`path-hf eval` of one group of models (`Plan.eval_passes`); passes, and the parts of a pass, already written
+    are kept unless `redo` (an interrupted step resumes where it stopped, part by part).
 
     Each checkpoint of a pass is its own process (the scalings of one checkpoint stay together: up to the training
     length they are the unscaled model, measured once), `jobs` of them side by side; a pass's parts are then joined
@@ -277,12 +278,15 @@ def evaluate(plan: Plan, group: str, threads: int | None, redo: bool, jobs: int 
             by_checkpoint.setdefault(ModelSpec.parse(f"{label}={spec}").path, []).append(f"{label}={spec}")
         for index, models in enumerate(by_checkpoint.values()):
             part = output.with_name(f"{output.stem}.part{index}.json")
+            parts.setdefault(output, []).append(part)
+            if not redo and finished_part(part, TEXTS[text], lengths, max_tokens, models):
+                print(f"\n{part.name}: kept (a finished evaluation of these models, newer than their checkpoint)")
+                continue
             command = [*tool("path-hf", "conversion"), "eval", "--data", TEXTS[text], "--force"]
             command += ["--lengths", ",".join(map(str, lengths)), "--max-tokens", str(max_tokens)]
             command += ["--passkey-trials", "0", "--train-length", str(plan.context), "--batch-size", "1"]
             command += ["--output", part, *(flag for model in models for flag in ("--model", model))]
             commands.append((command, part.with_suffix(".log") if jobs > 1 else None))
-            parts.setdefault(output, []).append(part)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(lambda task: run(task[0], threads, log=task[1]), commands))  # a failed part stops the step
     for output, files in parts.items():
@@ -294,6 +298,23 @@ def evaluate(plan: Plan, group: str, threads: int | None, redo: bool, jobs: int 
         for part in files:
             part.unlink()
             part.with_suffix(".log").unlink(missing_ok=True)
+
+
+def finished_part(part: Path, data: Path, lengths: list[int], max_tokens: int, models: list[str]) -> bool:
+    """Whether `part` is a finished `path-hf eval` of exactly `models` (labels, checkpoint and scaling) on `data` at
+    `lengths`, written after every file of the checkpoint: then an interrupted step need not evaluate it again
+    (`path-hf eval` writes its output whole, at the end). A checkpoint trained again is newer, and evaluated again."""
+    if not part.is_file():
+        return False
+    report = json.loads(part.read_text())
+    specs = [asdict(ModelSpec.parse(model)) for model in models]
+    if (report["data"], report["lengths"], report["max_tokens"]) != ([str(data)], lengths, max_tokens) or [
+        entry.get("spec") for entry in report["models"].values()
+    ] != specs:
+        return False
+    checkpoint = Path(specs[0]["path"])
+    files = [item for item in checkpoint.iterdir() if item.is_file()] if checkpoint.is_dir() else [checkpoint]
+    return part.stat().st_mtime > max(item.stat().st_mtime for item in files)
 
 
 def extras(plan: Plan, threads: int | None) -> None:
