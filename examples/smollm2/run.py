@@ -286,7 +286,11 @@ def evaluate(plan: Plan, group: str, threads: int | None, redo: bool, jobs: int 
             command += ["--lengths", ",".join(map(str, lengths)), "--max-tokens", str(max_tokens)]
             command += ["--passkey-trials", "0", "--train-length", str(plan.context), "--batch-size", "1"]
             command += ["--output", part, *(flag for model in models for flag in ("--model", model))]
-            commands.append((command, part.with_suffix(".log") if jobs > 1 else None))
+            shipped = any(ModelSpec.parse(model).path == str(plan.long_tuned) for model in models)
+            cost = sum(max_tokens * (1 + length / 4096) for length in lengths)  # attention grows with the window
+            commands.append((command, part.with_suffix(".log") if jobs > 1 else None, (-cost, not shipped)))
+    # The longest parts first, so that `jobs` side by side end together; of equal ones, the shipped model's first.
+    commands.sort(key=lambda task: task[2])
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(lambda task: run(task[0], threads, log=task[1]), commands))  # a failed part stops the step
     for output, files in parts.items():
