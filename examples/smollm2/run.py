@@ -22,7 +22,7 @@ python examples/smollm2/run.py --quick                 # tiny budgets and length
 python examples/smollm2/run.py --jobs 2 --eval-threads 1   # two one-thread evaluations side by side (2 cores)
 ```
 Each step is the command a user would type; they are printed as they run. A step whose output exists is skipped
-unless named in `--steps`.
+unless named in `--steps`; an interrupted evaluation step keeps the parts it finished (one checkpoint of a pass each).
 """
 
 from __future__ import annotations
