@@ -276,7 +276,7 @@ def evaluate(plan: Plan, group: str, threads: int | None, redo: bool, jobs: int 
         by_checkpoint: dict[str, list[str]] = {}
         for label, spec in chosen.items():
             by_checkpoint.setdefault(ModelSpec.parse(f"{label}={spec}").path, []).append(f"{label}={spec}")
-        for index, models in enumerate(by_checkpoint.values()):
+        for index, (checkpoint, models) in enumerate(by_checkpoint.items()):
             part = output.with_name(f"{output.stem}.part{index}.json")
             parts.setdefault(output, []).append(part)
             if not redo and finished_part(part, TEXTS[text], lengths, max_tokens, models):
@@ -286,7 +286,7 @@ def evaluate(plan: Plan, group: str, threads: int | None, redo: bool, jobs: int 
             command += ["--lengths", ",".join(map(str, lengths)), "--max-tokens", str(max_tokens)]
             command += ["--passkey-trials", "0", "--train-length", str(plan.context), "--batch-size", "1"]
             command += ["--output", part, *(flag for model in models for flag in ("--model", model))]
-            shipped = any(ModelSpec.parse(model).path == str(plan.long_tuned) for model in models)
+            shipped = checkpoint == str(plan.long_tuned)
             cost = sum(max_tokens * (1 + length / 4096) for length in lengths)  # attention grows with the window
             commands.append((command, part.with_suffix(".log") if jobs > 1 else None, (-cost, not shipped)))
     # The longest parts first, so that `jobs` side by side end together; of equal ones, the shipped model's first.
