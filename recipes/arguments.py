@@ -124,6 +124,13 @@ class Stage:
     trainable: str | None = field(
         default=None, metadata=_help("a narrower set than training.trainable for this stage (default: the run's)")
     )
+    activation_checkpointing: bool | None = field(
+        default=None,
+        metadata=_help(
+            "recompute activations in backward in this stage (default training.activation_checkpointing): e.g. off "
+            "at short blocks, where memory is no constraint and recomputing costs time, on at long ones"
+        ),
+    )
 
 
 @dataclass

@@ -312,6 +312,12 @@ RESUME_MAY_CHANGE = (
 )
 
 
+def may_change(name: str) -> bool:
+    """Whether the flattened config field `name` may change on resume: one of `RESUME_MAY_CHANGE`, or a stage's own
+    `activation_checkpointing`."""
+    return name in RESUME_MAY_CHANGE or (name.startswith("stages.") and name.endswith(".activation_checkpointing"))
+
+
 def check_resume(checkpoint: Path, saved: RunState, config: RecipeConfig, stages: list[StagePlan]) -> RunState:
     """The run state `saved` (`read_checkpoint`) continued under `config`, whose stages are planned as `stages`:
     refused, naming every field, where `config` differs from the config the checkpoint was written with in more than
@@ -323,7 +329,7 @@ def check_resume(checkpoint: Path, saved: RunState, config: RecipeConfig, stages
     changes = [
         f"{name} {_shown(old, name)} -> {_shown(new, name)}"
         for name in dict.fromkeys([*old, *new])
-        if name not in RESUME_MAY_CHANGE
+        if not may_change(name)
         and old.get(name, _UNSET) != new.get(name, _UNSET)
         and not (name == last_tokens and _is_count(old.get(name)))  # checked against the step reached below
     ]

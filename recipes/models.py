@@ -267,13 +267,29 @@ def path_attention_layers(model: nn.Module) -> dict[int, PaTHLlamaAttention]:
     return {m.layer_idx: m for m in model.modules() if isinstance(m, PaTHLlamaAttention)}
 
 
-def trainable_model(student: PaTHLlamaForCausalLM, training: TrainingArguments) -> nn.Module:
-    """The student as it trains: activation checkpointing if asked for, and `select_trainable`'s parameters."""
-    if training.activation_checkpointing:
-        student.activation_checkpointing_enable()
-        if training.trainable == "lora":  # the frozen embeddings' output must carry gradients into checkpointed layers
-            student.enable_input_require_grads()
+def trainable_model(student: PaTHLlamaForCausalLM, training: TrainingArguments, stages: list[Stage]) -> nn.Module:
+    """The student as it trains: `select_trainable`'s parameters, ready for activation checkpointing where the run or
+    one of its `stages` asks for it (`set_activation_checkpointing` turns it on and off stage by stage)."""
+    checkpointed = any(stage_checkpointing(stage, training) for stage in stages)
+    if checkpointed and training.trainable == "lora":
+        # the frozen embeddings' output must carry gradients into checkpointed layers
+        student.enable_input_require_grads()
     return select_trainable(student, training)
+
+
+def stage_checkpointing(stage: Stage, training: TrainingArguments) -> bool:
+    """Whether `stage` recomputes activations in backward: its own setting, else the run's."""
+    own = stage.activation_checkpointing
+    return training.activation_checkpointing if own is None else own
+
+
+def set_activation_checkpointing(model: PaTHLlamaForCausalLM, enabled: bool) -> None:
+    """Turn activation checkpointing of `model`'s decoder layers on or off (between steps: the gradients are the same,
+    recomputed or kept)."""
+    if enabled:
+        model.activation_checkpointing_enable()
+    else:
+        model.activation_checkpointing_disable()
 
 
 # training.trainable=gate: how strongly each token transforms (beta) and forgets (the gate), nothing else.

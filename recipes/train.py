@@ -56,6 +56,8 @@ from path_hf.recipes.models import (
     plan_models,
     replica_checksums,
     save_final_model,
+    set_activation_checkpointing,
+    stage_checkpointing,
     trainable_model,
 )
 from path_hf.recipes.schedule import (
@@ -100,7 +102,7 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
 
     student, teacher = load_models(config, plan, accelerator)
     tokenizer = load_tokenizer(plan.student)
-    model = trainable_model(student, training)
+    model = trainable_model(student, training, config.stages)
     # Sharded engines gather their weights in the model's own forward: the student must run whole there.
     isolated = holds_whole_weights(accelerator)
     alignment = AttentionAlignment(model, teacher, isolated=isolated) if uses_alignment else None
@@ -139,6 +141,7 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
     checkpointer = Checkpointer(accelerator, state, output_dir, training.keep_checkpoints)
     batches, block_size = None, None  # the batches of the current stage's block length
     trainable_set = training.trainable  # the set that trains now: a stage may narrow the run's (one process only)
+    checkpointing = None  # whether the student recomputes its activations in backward now: stage by stage
     reached_target = False
     with StopRequest() as stop, TrainingLog(total_steps, state, accelerator, training.log_every) as log:
         model.train()
@@ -153,6 +156,9 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
                 # moments, as they are.
                 trainable_set = current.stage.trainable or training.trainable
                 narrow_trainable(accelerator.unwrap_model(model), training.trainable, trainable_set)
+            if stage_checkpointing(current.stage, training) != checkpointing:
+                checkpointing = stage_checkpointing(current.stage, training)
+                set_activation_checkpointing(student, checkpointing)
             lr = learning_rate(current, state.step)
             set_learning_rate(optimizer, lr)
             step_loss, grad_norm = 0.0, None

@@ -453,6 +453,51 @@ def test_a_stage_trains_on_its_own_block_length_and_resumes_exactly(tiny_source,
         assert torch.equal(tensor, weights(resumed / "final")[name]), name
 
 
+def test_a_stage_sets_its_own_activation_checkpointing_and_a_resume_may_change_it(tiny_source, tmp_path, monkeypatch):
+    """`stages.N.activation_checkpointing` overrides the run's setting for that stage's steps, the gradients are those
+    of a run that never recomputes (the same weights at the end), and a resume may change it."""
+    flags = []
+    micro_batch = train.train_micro_batch
+
+    def recording(batch, stage, **kwargs):
+        layers = kwargs["model"].model.layers
+        flags.append((stage, {layer.gradient_checkpointing for layer in layers}))
+        return micro_batch(batch, stage, **kwargs)
+
+    monkeypatch.setattr(train, "train_micro_batch", recording)
+    stages = [
+        {"name": "distill", "tokens": 128, "learning_rate": 1e-2, "activation_checkpointing": False},
+        {"name": "lm", "tokens": 128, "learning_rate": 1e-2},
+        {"name": "distill", "tokens": 128, "learning_rate": 1e-2, "activation_checkpointing": False},
+    ]
+    training = {"save_every": 1, "keep_checkpoints": 6, "trainable": "attention", "activation_checkpointing": True}
+    mixed, never = tmp_path / "mixed", tmp_path / "never"
+    assert run_recipe(recipe_config(tiny_source, mixed, stages=stages, training=training), tmp_path) == 0
+    assert flags == [("distill", {False})] * 2 + [("lm", {True})] * 2 + [("distill", {False})] * 2
+
+    flags.clear()
+    never_training = {**training, "activation_checkpointing": False}
+    assert run_recipe(recipe_config(tiny_source, never, stages=stages, training=never_training), tmp_path) == 0
+    assert {flag for _, (flag,) in flags} == {False}
+    moved = changed(weights(mixed / "converted"), weights(mixed / "final"))
+    assert "q_proj" in moved
+    for name, tensor in weights(never / "final").items():
+        torch.testing.assert_close(weights(mixed / "final")[name], tensor, msg=name)
+
+    # Resumed after step 3 (inside the recomputing stage) with that stage no longer recomputing
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(mixed / "converted", resumed / "converted")
+    shutil.copytree(mixed / "checkpoints" / "step-00000003", resumed / "checkpoints" / "step-00000003")
+    flags.clear()
+    changed_stages = [stages[0], {**stages[1], "activation_checkpointing": False}, stages[2]]
+    config = recipe_config(tiny_source, resumed, stages=changed_stages, training={**training, "resume": True})
+    assert run_recipe(config, tmp_path) == 0
+    assert flags == [("lm", {False})] + [("distill", {False})] * 2
+    for name, tensor in weights(mixed / "final").items():
+        torch.testing.assert_close(weights(resumed / "final")[name], tensor, msg=name)
+
+
 @pytest.mark.parametrize("kind", ["txt", "parquet", "jsonl.xz", "dataset-directory"])
 def test_data_formats(tiny_source, tmp_path, kind):
     texts = load_dataset("json", data_files=str(DATA), split="train")
