@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
+from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
 
 import torch
@@ -294,10 +295,10 @@ def _is_scores(value) -> bool:
     )
 
 
-# The fields a resume may change: where the run lives, how often it evaluates, logs and saves, when it stops early,
-# and how it computes (not what). Any other field changes the data position, the schedule of the steps taken, the
-# model, what trains or what the recorded evaluations mean; of those, only the last stage's tokens may change
-# (`check_resume`).
+# The fields a resume may change (patterns of the flattened names): where the run lives, how often it evaluates, logs
+# and saves, when it stops early, and how it computes (not what). Any other field changes the data position, the
+# schedule of the steps taken, the model, what trains or what the recorded evaluations mean; of those, only the last
+# stage's tokens may change (`check_resume`).
 RESUME_MAY_CHANGE = (
     "training.output_dir",
     "training.resume",
@@ -309,13 +310,13 @@ RESUME_MAY_CHANGE = (
     "training.log_with",
     "training.save_every",
     "training.keep_checkpoints",
+    "stages.*.activation_checkpointing",
 )
 
 
 def may_change(name: str) -> bool:
-    """Whether the flattened config field `name` may change on resume: one of `RESUME_MAY_CHANGE`, or a stage's own
-    `activation_checkpointing`."""
-    return name in RESUME_MAY_CHANGE or (name.startswith("stages.") and name.endswith(".activation_checkpointing"))
+    """Whether the flattened config field `name` may change on resume: it matches one of `RESUME_MAY_CHANGE`."""
+    return any(fnmatchcase(name, pattern) for pattern in RESUME_MAY_CHANGE)
 
 
 def check_resume(checkpoint: Path, saved: RunState, config: RecipeConfig, stages: list[StagePlan]) -> RunState:

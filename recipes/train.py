@@ -156,8 +156,8 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
                 # moments, as they are.
                 trainable_set = current.stage.trainable or training.trainable
                 narrow_trainable(accelerator.unwrap_model(model), training.trainable, trainable_set)
-            if stage_checkpointing(current.stage, training) != checkpointing:
-                checkpointing = stage_checkpointing(current.stage, training)
+            if (wanted := stage_checkpointing(current.stage, training)) != checkpointing:
+                checkpointing = wanted
                 set_activation_checkpointing(student, checkpointing)
             lr = learning_rate(current, state.step)
             set_learning_rate(optimizer, lr)
