@@ -119,7 +119,7 @@ def cell(row: dict, text: str, length: int, screen: dict, out: Path, model: str)
     print(f"{row['label']:<40} {text:<26} {length:>6}  ppl {entry['ppl']:8.3f}{passkey}  {minutes:6.1f} min")
     result = {"row": row["label"], "text": text, "length": length, "ppl": entry["ppl"], "tokens": entry["tokens"],
               "cpu_minutes": report["cpu_minutes"]}  # fmt: skip
-    for key in ("passkey", "passkey_by_depth", "copy", "copy_nll"):
+    for key in ("passkey", "passkey_by_depth", "passkey_nll", "passkey_nll_by_depth", "copy", "copy_nll"):
         if entry.get(key) is not None:
             result[key] = entry[key]
     return result

@@ -48,11 +48,12 @@ from .passkey import (
     PASSKEY_QUESTION,
     accuracy_by_depth,
     answer_accuracy,
+    answer_scores,
     passkey_accuracy,
     passkey_windows,
 )
 from .plots import plot_lengths, plot_recovery
-from .retrieval import COPY_SPAN, CopyResult, copy_accuracy, copy_scores, copy_windows
+from .retrieval import COPY_SPAN, CopyResult, copy_accuracy, copy_scores, copy_windows, label_scores
 from .rope import ROPE_SCALING_TYPES, rope_parameters_for, rope_scaling
 from .scoring import (
     IGNORE_INDEX,
@@ -79,6 +80,7 @@ __all__ = [
     "Window",
     "accuracy_by_depth",
     "answer_accuracy",
+    "answer_scores",
     "attends_causally",
     "attention_mass",
     "copy_accuracy",
@@ -86,6 +88,7 @@ __all__ = [
     "copy_windows",
     "data_files",
     "decode_attention_rows",
+    "label_scores",
     "load_texts",
     "make_windows",
     "passkey_accuracy",

@@ -576,7 +576,7 @@ def _measure(model, tokenizer, stream: list[int], length: int, factor: float | N
     scaling's)."""
     from path_hf.evaluation import (
         accuracy_by_depth,
-        answer_accuracy,
+        answer_scores,
         copy_scores,
         copy_windows,
         make_windows,
@@ -601,15 +601,22 @@ def _measure(model, tokenizer, stream: list[int], length: int, factor: float | N
         try:
             prompts = passkey_windows(tokenizer, length, options.passkey_trials, options.seed, depths)
         except ValueError as error:  # a length too short for the prompt
-            entry["passkey"], entry["passkey_error"] = None, str(error)
+            entry["passkey"], entry["passkey_nll"], entry["passkey_error"] = None, None, str(error)
             if depths:
-                entry["passkey_by_depth"] = None
+                entry["passkey_by_depth"] = entry["passkey_nll_by_depth"] = None
         else:
-            correct = answer_accuracy(model, prompts, options.batch_size, progress=options.progress)
+            scores = answer_scores(model, prompts, options.batch_size, progress=options.progress)
+            correct = scores.all_correct
             entry["passkey"] = sum(correct) / len(correct)
+            # the key's mean negative log-likelihood per token: tells apart models that all miss, or all find, it
+            entry["passkey_nll"] = scores.nll
             if depths:
                 entry["passkey_by_depth"] = {
                     str(depth): value for depth, value in accuracy_by_depth(correct, depths).items()
+                }
+                entry["passkey_nll_by_depth"] = {
+                    str(depth): sum(scores.nll_sum[i :: len(depths)]) / sum(scores.tokens[i :: len(depths)])
+                    for i, depth in enumerate(depths)
                 }
     if options.copy_trials:
         prefix = tokenizer("", add_special_tokens=True)["input_ids"]  # BOS, for tokenizers that add one

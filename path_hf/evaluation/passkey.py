@@ -5,14 +5,14 @@ key."""
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from .scoring import IGNORE_INDEX, Window, eval_mode, position_logits, progress_bar, window_batches
+from .retrieval import CopyResult, label_scores
+from .scoring import IGNORE_INDEX, Window
 
 PASSKEY_INTRO = (
     "There is an important piece of information hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -82,7 +82,16 @@ def passkey_windows(
     return windows
 
 
-@torch.no_grad()
+def answer_scores(
+    model: nn.Module, windows: Sequence[Window], batch_size: int = 8, progress: bool = False
+) -> CopyResult:
+    """Per window (`passkey_windows`): how many of the key's tokens are the most likely next token (`correct`), their
+    summed negative log-likelihood (`nll_sum`, nats) and their number (`tokens`), in one forward pass per batch with
+    logits formed only at the positions that predict a label (`label_scores`). The likelihood tells apart models
+    that all miss, or all find, the key; `.nll` is its mean per key token."""
+    return label_scores(model, windows, batch_size, progress, "passkey")
+
+
 def answer_accuracy(
     model: nn.Module, windows: Sequence[Window], batch_size: int = 8, progress: bool = False
 ) -> list[bool]:
@@ -90,23 +99,11 @@ def answer_accuracy(
 
     Teacher forcing gives the same verdict in one forward pass: greedy decoding writes the answer exactly when, at
     each answer position, the most likely next token is the answer's (the labels must be one contiguous run at the
-    end of the window, as `passkey_windows` makes them). Only the positions that predict a label get logits
-    (`position_logits`): the memory of a forward pass, not of `[batch, length, vocab]` logits.
+    end of the window, as `passkey_windows` makes them), i.e. when every labelled token is a top-1 hit
+    (`answer_scores`). Only the positions that predict a label get logits: the memory of a forward pass, not of
+    `[batch, length, vocab]` logits.
     """
-    correct: list[bool] = []
-    batches = progress_bar(
-        window_batches(windows, batch_size), math.ceil(len(windows) / batch_size), "passkey", progress
-    )
-    with eval_mode(model) as device:
-        for input_ids, attention_mask, labels in batches:
-            scored = labels[:, 1:] != IGNORE_INDEX  # [B, T-1]: position t predicts the label at t + 1
-            positions = torch.zeros_like(labels, dtype=torch.bool)
-            positions[:, :-1] = scored
-            predicted = position_logits(model, input_ids, attention_mask, positions, device).argmax(-1).cpu()
-            wrong = torch.zeros(len(labels), dtype=torch.bool)
-            wrong[positions.nonzero()[:, 0][predicted != labels[:, 1:][scored]]] = True
-            correct += (~wrong).tolist()
-    return correct
+    return list(answer_scores(model, windows, batch_size, progress).all_correct)
 
 
 def passkey_accuracy(
@@ -143,6 +140,7 @@ __all__ = [
     "PASSKEY_QUESTION",
     "accuracy_by_depth",
     "answer_accuracy",
+    "answer_scores",
     "passkey_accuracy",
     "passkey_windows",
 ]

@@ -119,6 +119,11 @@ class CopyResult:
         return sum(self.correct) / sum(self.tokens) if sum(self.tokens) else math.nan
 
     @property
+    def all_correct(self) -> tuple[bool, ...]:
+        """Per window: is every labelled token a top-1 hit? (What greedy decoding of an answer at the end needs.)"""
+        return tuple(hits == count for hits, count in zip(self.correct, self.tokens, strict=True))
+
+    @property
     def nll(self) -> float:
         """Mean negative log-likelihood per scored token (nats; `nan` if there are none)."""
         return sum(self.nll_sum) / sum(self.tokens) if sum(self.tokens) else math.nan
@@ -157,14 +162,16 @@ def _scored_predictions(
 
 
 @torch.no_grad()
-def copy_scores(model: nn.Module, windows: Sequence[Window], batch_size: int = 8, progress: bool = False) -> CopyResult:
-    """Top-1 hits and negative log-likelihood of `model` at the labelled tokens of `windows` (`copy_windows`), per
-    window, in batches of `batch_size` right-padded windows; each labelled token is predicted from the tokens before
-    it in its window, in one forward pass per batch."""
+def label_scores(
+    model: nn.Module, windows: Sequence[Window], batch_size: int = 8, progress: bool = False, desc: str = "scoring"
+) -> CopyResult:
+    """Top-1 hits and negative log-likelihood of `model` at the labelled tokens of `windows` (those of `copy_windows`
+    or of `passkey_windows`), per window, in batches of `batch_size` right-padded windows; each labelled token is
+    predicted from the tokens before it in its window, in one forward pass per batch. `desc`: the progress bar's."""
     correct: list[int] = []
     nll_sum: list[float] = []
     tokens: list[int] = []
-    batches = progress_bar(window_batches(windows, batch_size), math.ceil(len(windows) / batch_size), "copy", progress)
+    batches = progress_bar(window_batches(windows, batch_size), math.ceil(len(windows) / batch_size), desc, progress)
     with eval_mode(model) as device:
         for input_ids, attention_mask, labels in batches:
             scored = labels[:, 1:] != IGNORE_INDEX  # [B, T-1]: position t predicts the label at t + 1
@@ -177,6 +184,12 @@ def copy_scores(model: nn.Module, windows: Sequence[Window], batch_size: int = 8
             nll_sum += torch.zeros(count, dtype=torch.float64).index_add_(0, rows, nll.double()).tolist()
             tokens += torch.bincount(rows, minlength=count).tolist()
     return CopyResult(tuple(correct), tuple(nll_sum), tuple(tokens))
+
+
+def copy_scores(model: nn.Module, windows: Sequence[Window], batch_size: int = 8, progress: bool = False) -> CopyResult:
+    """Top-1 hits and negative log-likelihood of `model` at the repeats of `windows` (`copy_windows`), per window
+    (`label_scores`)."""
+    return label_scores(model, windows, batch_size, progress, "copy")
 
 
 def copy_accuracy(
@@ -195,4 +208,4 @@ def copy_accuracy(
     return copy_scores(model, copy_windows(stream, length, trials, span, seed, prefix), batch_size, progress)
 
 
-__all__ = ["COPY_SPAN", "CopyResult", "copy_accuracy", "copy_scores", "copy_windows"]
+__all__ = ["COPY_SPAN", "CopyResult", "copy_accuracy", "copy_scores", "copy_windows", "label_scores"]

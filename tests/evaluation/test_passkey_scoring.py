@@ -31,6 +31,7 @@ from path_hf.evaluation import (
     Window,
     accuracy_by_depth,
     answer_accuracy,
+    answer_scores,
     passkey_accuracy,
     passkey_windows,
     scoring,
@@ -99,6 +100,36 @@ def test_answer_positions_give_the_verdicts_of_the_whole_logits(kind, tokenizer)
     # real passkey prompts of two lengths and several depths in one batch
     prompts = passkey_windows(tokenizer, 200, trials=2, depths=(0, 0.5, 1)) + passkey_windows(tokenizer, 128, 3)
     assert answer_accuracy(model, prompts, batch_size=4) == whole_logits_verdicts(model, prompts, 4)
+
+
+@torch.no_grad()
+def whole_logits_answer_nll(model: nn.Module, window: Window) -> tuple[float, int]:
+    """The reference: one window alone, unpadded, its full logits; the summed negative log-likelihood of its labelled
+    tokens (float64 log-softmax) and their number."""
+    logits = model(input_ids=window.input_ids[None]).logits[0, :-1].double()
+    targets = window.labels[1:]
+    scored = targets != IGNORE_INDEX
+    return -logits.log_softmax(-1)[scored, targets[scored]].sum().item(), int(scored.sum())
+
+
+@pytest.mark.parametrize("kind", ["llama", "path"])
+def test_answer_likelihood_is_that_of_the_whole_logits(kind, tokenizer):
+    """`answer_scores`' per-window likelihood of the key, from padded batches of several lengths, is each window's
+    own from its full logits; its verdicts are `answer_accuracy`'s."""
+    model = tiny_model(kind, tokenizer)
+    windows = mixed_windows(model, tokenizer)
+    reference = [whole_logits_answer_nll(model, window) for window in windows]
+    for batch_size in (1, 5):
+        scores = answer_scores(model, windows, batch_size=batch_size)
+        assert list(scores.tokens) == [count for _, count in reference]
+        torch.testing.assert_close(
+            torch.tensor(scores.nll_sum, dtype=torch.float64),
+            torch.tensor([nll for nll, _ in reference], dtype=torch.float64),
+            rtol=1e-4,
+            atol=1e-4,
+        )
+        assert list(scores.all_correct) == whole_logits_verdicts(model, windows, batch_size)
+    assert scores.nll == pytest.approx(sum(nll for nll, _ in reference) / sum(count for _, count in reference), 1e-4)
 
 
 @pytest.mark.parametrize("kind", ["llama", "path"])
@@ -244,6 +275,17 @@ def test_eval_reports_accuracy_by_depth(checkpoints, tokenizer, tmp_path):
     assert entry["passkey"] == sum(correct) / len(correct)
     assert entry["passkey_by_depth"] == {"0.0": sum(correct[0::3]) / 2, "0.5": sum(correct[1::3]) / 2,
                                          "1.0": sum(correct[2::3]) / 2}  # fmt: skip
+    # the key's likelihood, per token, overall and at each depth, from each prompt's own full logits
+    reference = [
+        whole_logits_answer_nll(model, window) for window in passkey_windows(tokenizer, 160, 2, depths=(0, 0.5, 1))
+    ]
+    nll, count = (sum(column) for column in zip(*reference, strict=True))
+    assert entry["passkey_nll"] == pytest.approx(nll / count, rel=1e-4)
+    for i, depth in enumerate(("0.0", "0.5", "1.0")):
+        at_depth = reference[i::3]
+        expected = sum(x for x, _ in at_depth) / sum(n for _, n in at_depth)
+        assert entry["passkey_nll_by_depth"][depth] == pytest.approx(expected, rel=1e-4)
+    assert lengths["64"]["passkey_nll"] is None and lengths["64"]["passkey_nll_by_depth"] is None
 
 
 def test_bad_depths_are_refused(checkpoints, capsys):

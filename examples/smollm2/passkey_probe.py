@@ -1,0 +1,130 @@
+# Copyright 2026 The path-hf authors. Apache-2.0.
+"""Why a model misses a passkey: the answer's log-likelihood, not only the verdict, under variants of one model.
+
+```
+OMP_NUM_THREADS=1 python examples/smollm2/passkey_probe.py --model runs/smollm2/long/final --length 16384 \
+    --depths 0.9 --variant yarn:1.5 --variant plain --variant yarn:1.5,path_window:8192 --output probe.json
+```
+
+Each prompt is one of `path-hf eval --passkey-trials`' (`passkey_windows`, the same seed), and gets its verdict and
+the key's mean negative log-likelihood per token (`answer_scores`, as `passkey_nll` in `path-hf eval`'s JSON), under
+model variants that `path-hf eval` cannot make. A variant is a comma-separated list of changes, applied for its
+prompts only:
+
+- `plain`: the model as it is;
+- `yarn:F`: YaRN with factor F on the model's RoPE (`rope_scaling`, as `path-hf eval --model ...@yarn:F` applies it;
+  a hybrid's local layers keep theirs);
+- `path_window:W`: every PaTH layer's attention cut to the keys at most about W tokens back. The torch backend walks
+  only the first ceil(W / C) block diagonals of C-token chunks, so a query sees between W and W + C - 1 keys back,
+  and no sink. A diagnosis, not a model: nothing in the checkpoint or the config changes;
+- `temperature:S`: the log-length attention temperature of the PaTH layers (`path_attn_temperature_scale`), past
+  the model's `max_position_embeddings`;
+- `local_window:W`: a hybrid's local layers see the last W keys (and their sinks) instead of `local_window`.
+
+Each variant runs every prompt in one forward pass; one process at one thread, as the screens run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+import path_hf.ops_chunk as ops_chunk
+from path_hf.conversion.loading import load_causal_lm, load_tokenizer
+from path_hf.evaluation import answer_scores, passkey_windows, rope_scaling
+
+
+@contextlib.contextmanager
+def path_window(window: int) -> Iterator[None]:
+    """The torch backend's PaTH attention cut to the last `window` tokens (rounded up to whole chunks) in the block."""
+    last_step = ops_chunk._last_step
+
+    def cut(cu_seqlens, n_chunks: int, chunk_size: int) -> int:
+        return min(last_step(cu_seqlens, n_chunks, chunk_size), math.ceil(window / chunk_size))
+
+    ops_chunk._last_step = cut
+    try:
+        yield
+    finally:
+        ops_chunk._last_step = last_step
+
+
+@contextlib.contextmanager
+def config_field(model, name: str, value) -> Iterator[None]:
+    """`model.config.<name>` set to `value` for the block (the layers read it at every forward)."""
+    before = getattr(model.config, name)
+    setattr(model.config, name, value)
+    try:
+        yield
+    finally:
+        setattr(model.config, name, before)
+
+
+def applied(model, variant: str, original_length: int) -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    for change in variant.split(","):
+        name, _, value = change.partition(":")
+        if name == "plain":
+            continue
+        if name == "yarn":
+            stack.enter_context(rope_scaling(model, "yarn", float(value), original_length))
+        elif name == "path_window":
+            stack.enter_context(path_window(int(value)))
+        elif name == "temperature":
+            stack.enter_context(config_field(model, "path_attn_temperature_scale", float(value)))
+        elif name == "local_window":
+            stack.enter_context(config_field(model, "local_window", int(value)))
+        else:
+            raise SystemExit(
+                f"error: unknown variant change {change!r}: use plain, yarn:F, path_window:W, temperature:S, "
+                "local_window:W"
+            )
+    return stack
+
+
+def probe(model, window) -> dict:
+    """The verdict and the key's mean negative log-likelihood per token for one prompt (`answer_scores`)."""
+    scores = answer_scores(model, [window], batch_size=1)
+    return {"correct": scores.all_correct[0], "answer_nll": scores.nll}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--length", type=int, required=True)
+    parser.add_argument("--depths", default="0.1,0.5,0.9")
+    parser.add_argument("--trials", type=int, default=1)
+    parser.add_argument("--variant", action="append", required=True)
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args(argv)
+    model = load_causal_lm(args.model, torch.float32).eval()
+    tokenizer = load_tokenizer(args.model)
+    depths = [float(depth) for depth in args.depths.split(",")]
+    windows = passkey_windows(tokenizer, args.length, args.trials, 0, depths)
+    original = model.config.max_position_embeddings
+    report = json.loads(args.output.read_text()) if args.output.is_file() else {"model": args.model, "variants": {}}
+    report.update(length=args.length, depths=depths, trials=args.trials)
+    for variant in args.variant:
+        rows = report["variants"].setdefault(variant, {})
+        for index, window in enumerate(windows):
+            depth = str(depths[index % len(depths)])
+            key = f"trial{index // len(depths)}@{depth}"
+            if key in rows:
+                continue
+            started = time.process_time()
+            with applied(model, variant, original):
+                rows[key] = probe(model, window)
+            rows[key]["cpu_minutes"] = round((time.process_time() - started) / 60, 2)
+            print(variant, key, json.dumps(rows[key]), flush=True)
+            args.output.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

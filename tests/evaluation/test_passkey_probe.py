@@ -1,0 +1,74 @@
+"""examples/smollm2/passkey_probe.py: its PaTH window is a chunk-granular cut of the brute-force attention, and each
+prompt's verdict and likelihood are `answer_scores`' under the variant, the model restored after it."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from path_hf import PaTHLlamaForCausalLM
+from path_hf.evaluation import answer_scores, passkey_windows
+from path_hf.ops import path_attention
+from tests.ops.path_reference import make_inputs, path_scores_reference
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_probe():
+    spec = importlib.util.spec_from_file_location("passkey_probe", ROOT / "examples" / "smollm2" / "passkey_probe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def windowed_reference(inputs: dict, chunk_size: int, steps: int) -> torch.Tensor:
+    """Brute-force gated PaTH attention in which query i sees key j only when their chunks are at most `steps`
+    apart: `i // C - j // C <= steps`."""
+    q, k, v, w, beta, g = (inputs[name].detach() for name in ("q", "k", "v", "w", "beta", "g"))
+    T, D = q.shape[1], q.shape[-1]
+    logits, _ = path_scores_reference(q, k, w, beta)
+    gate = g.cumsum(1).transpose(1, 2)
+    logits = logits + gate[..., :, None] - gate[..., None, :]
+    chunk = torch.arange(T) // chunk_size
+    logits = logits.masked_fill(chunk[:, None] - chunk[None, :] > steps, float("-inf"))
+    return ((D**-0.5 * logits).softmax(-1) @ v.transpose(1, 2)).transpose(1, 2)
+
+
+def test_path_window_cuts_the_attention_to_whole_chunks_and_is_undone_after():
+    probe = load_probe()
+    inputs = make_inputs(1, 96, 2, 1, 8, gate=True)
+    args = {name: inputs[name].detach() for name in ("q", "k", "v", "w", "beta", "g")}
+    whole, _ = path_attention(**args, backend="torch", chunk_size=16)
+    with probe.path_window(20):  # ceil(20 / 16) = 2 block diagonals: between 32 and 47 keys back
+        cut, _ = path_attention(**args, backend="torch", chunk_size=16)
+    torch.testing.assert_close(cut, windowed_reference(inputs, 16, steps=2), rtol=1e-9, atol=1e-9)
+    assert (cut - whole).abs().amax() > 1e-3  # the window removes keys that mattered
+    again, _ = path_attention(**args, backend="torch", chunk_size=16)
+    torch.testing.assert_close(again, whole, rtol=0, atol=0)
+
+
+def test_probe_scores_each_prompt_under_its_variant(checkpoints, tokenizer, tmp_path):
+    probe = load_probe()
+    model_path = checkpoints["path"]
+    output = tmp_path / "probe.json"
+    probe.main([
+        "--model", str(model_path), "--length", "160", "--depths", "0.2,0.8", "--variant", "plain",
+        "--variant", "temperature:0.5", "--output", str(output),
+    ])  # fmt: skip
+    report = json.loads(output.read_text())
+    model = PaTHLlamaForCausalLM.from_pretrained(model_path).eval()
+    windows = passkey_windows(tokenizer, 160, 1, depths=(0.2, 0.8))
+    plain = answer_scores(model, windows, batch_size=1)
+    model.config.path_attn_temperature_scale = 0.5  # past max_position_embeddings (32), inside these 160 tokens
+    scaled = answer_scores(model, windows, batch_size=1)
+    for variant, scores in (("plain", plain), ("temperature:0.5", scaled)):
+        rows = report["variants"][variant]
+        for index, key in enumerate(("trial0@0.2", "trial0@0.8")):
+            assert rows[key]["correct"] == scores.all_correct[index]
+            expected = scores.nll_sum[index] / scores.tokens[index]
+            assert abs(rows[key]["answer_nll"] - expected) < 1e-5 * max(1.0, expected)
+    assert plain.nll_sum != scaled.nll_sum  # the variant changed the model
+    with pytest.raises(SystemExit, match="unknown variant change 'window:8'"):
+        probe.main(["--model", str(model_path), "--length", "160", "--variant", "window:8", "--output", str(output)])
