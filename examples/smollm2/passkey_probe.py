@@ -17,6 +17,7 @@ prompts only:
 - `path_window:W`: every PaTH layer's attention cut to the keys at most about W tokens back. The torch backend walks
   only the first ceil(W / C) block diagonals of C-token chunks, so a query sees between W and W + C - 1 keys back,
   and no sink. A diagnosis, not a model: nothing in the checkpoint or the config changes;
+- `path_window_sink:W`: the same window, and every query also sees the first C tokens (the PaTH layers' sink);
 - `temperature:S`: the log-length attention temperature of the PaTH layers (`path_attn_temperature_scale`), past
   the model's `max_position_embeddings`;
 - `local_window:W`: a hybrid's local layers see the last W keys (and their sinks) instead of `local_window`.
@@ -57,6 +58,25 @@ def path_window(window: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def path_window_sink(window: int) -> Iterator[None]:
+    """`path_window`, and every query also sees the block's first chunk (its sink): the walk goes on to the end, but
+    past ceil(W / C) block diagonals only the pair (query chunk d, key chunk 0) of step d keeps its scores."""
+    masked_logits = ops_chunk._masked_logits
+
+    def cut(chunks, scores, queries: slice, keys: slice):
+        scores = masked_logits(chunks, scores, queries, keys)
+        if (queries.start or 0) > math.ceil(window / chunks.chunk_size):
+            scores = torch.cat([scores[:1], torch.full_like(scores[1:], float("-inf"))])
+        return scores
+
+    ops_chunk._masked_logits = cut
+    try:
+        yield
+    finally:
+        ops_chunk._masked_logits = masked_logits
+
+
+@contextlib.contextmanager
 def config_field(model, name: str, value) -> Iterator[None]:
     """`model.config.<name>` set to `value` for the block (the layers read it at every forward)."""
     before = getattr(model.config, name)
@@ -77,14 +97,16 @@ def applied(model, variant: str, original_length: int) -> contextlib.ExitStack:
             stack.enter_context(rope_scaling(model, "yarn", float(value), original_length))
         elif name == "path_window":
             stack.enter_context(path_window(int(value)))
+        elif name == "path_window_sink":
+            stack.enter_context(path_window_sink(int(value)))
         elif name == "temperature":
             stack.enter_context(config_field(model, "path_attn_temperature_scale", float(value)))
         elif name == "local_window":
             stack.enter_context(config_field(model, "local_window", int(value)))
         else:
             raise SystemExit(
-                f"error: unknown variant change {change!r}: use plain, yarn:F, path_window:W, temperature:S, "
-                "local_window:W"
+                f"error: unknown variant change {change!r}: use plain, yarn:F, path_window:W, path_window_sink:W, "
+                "temperature:S, local_window:W"
             )
     return stack
 

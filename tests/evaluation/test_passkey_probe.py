@@ -1,5 +1,6 @@
-"""examples/smollm2/passkey_probe.py: its PaTH window is a chunk-granular cut of the brute-force attention, and each
-prompt's verdict and likelihood are `answer_scores`' under the variant, the model restored after it."""
+"""examples/smollm2/passkey_probe.py: its PaTH window (with or without the first chunk as a sink) is a chunk-granular
+cut of the brute-force attention, and each prompt's verdict and likelihood are `answer_scores`' under the variant,
+the model restored after it."""
 
 import importlib.util
 import json
@@ -23,27 +24,32 @@ def load_probe():
     return module
 
 
-def windowed_reference(inputs: dict, chunk_size: int, steps: int) -> torch.Tensor:
+def windowed_reference(inputs: dict, chunk_size: int, steps: int, sink: bool) -> torch.Tensor:
     """Brute-force gated PaTH attention in which query i sees key j only when their chunks are at most `steps`
-    apart: `i // C - j // C <= steps`."""
+    apart, `i // C - j // C <= steps`, or (`sink`) when j is in the first chunk."""
     q, k, v, w, beta, g = (inputs[name].detach() for name in ("q", "k", "v", "w", "beta", "g"))
     T, D = q.shape[1], q.shape[-1]
     logits, _ = path_scores_reference(q, k, w, beta)
     gate = g.cumsum(1).transpose(1, 2)
     logits = logits + gate[..., :, None] - gate[..., None, :]
     chunk = torch.arange(T) // chunk_size
-    logits = logits.masked_fill(chunk[:, None] - chunk[None, :] > steps, float("-inf"))
+    far = chunk[:, None] - chunk[None, :] > steps
+    if sink:
+        far &= chunk[None, :] != 0
+    logits = logits.masked_fill(far, float("-inf"))
     return ((D**-0.5 * logits).softmax(-1) @ v.transpose(1, 2)).transpose(1, 2)
 
 
-def test_path_window_cuts_the_attention_to_whole_chunks_and_is_undone_after():
+@pytest.mark.parametrize("sink", [False, True])
+def test_path_window_cuts_the_attention_to_whole_chunks_and_is_undone_after(sink):
     probe = load_probe()
     inputs = make_inputs(1, 96, 2, 1, 8, gate=True)
     args = {name: inputs[name].detach() for name in ("q", "k", "v", "w", "beta", "g")}
     whole, _ = path_attention(**args, backend="torch", chunk_size=16)
-    with probe.path_window(20):  # ceil(20 / 16) = 2 block diagonals: between 32 and 47 keys back
+    window = probe.path_window_sink if sink else probe.path_window
+    with window(20):  # ceil(20 / 16) = 2 block diagonals: between 32 and 47 keys back
         cut, _ = path_attention(**args, backend="torch", chunk_size=16)
-    torch.testing.assert_close(cut, windowed_reference(inputs, 16, steps=2), rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(cut, windowed_reference(inputs, 16, steps=2, sink=sink), rtol=1e-9, atol=1e-9)
     assert (cut - whole).abs().amax() > 1e-3  # the window removes keys that mattered
     again, _ = path_attention(**args, backend="torch", chunk_size=16)
     torch.testing.assert_close(again, whole, rtol=0, atol=0)
