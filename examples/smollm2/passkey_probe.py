@@ -6,10 +6,10 @@ OMP_NUM_THREADS=1 python examples/smollm2/passkey_probe.py --model runs/smollm2/
     --depths 0.9 --variant yarn:1.5 --variant plain --variant yarn:1.5,path_window:8192 --output probe.json
 ```
 
-Each prompt is one of `path-hf eval --passkey-trials`' (`passkey_windows`, the same seed), and gets its verdict and
-the key's mean negative log-likelihood per token (`answer_scores`, as `passkey_nll` in `path-hf eval`'s JSON), under
-model variants that `path-hf eval` cannot make. A variant is a comma-separated list of changes, applied for its
-prompts only:
+Each prompt is one of `path-hf eval --passkey-trials`' (`passkey_windows`, the same seed), and gets its verdict, the
+key's mean negative log-likelihood per token (`passkey_nll` in `path-hf eval`'s JSON), the same per token and the
+greedy token at each answer position, under model variants that `path-hf eval` cannot make. A variant is a
+comma-separated list of changes, applied in order, for its prompts only:
 
 - `plain`: the model as it is;
 - `yarn:F`: YaRN with factor F on the model's RoPE (`rope_scaling`, as `path-hf eval --model ...@yarn:F` applies it;
@@ -39,7 +39,8 @@ import torch
 
 import path_hf.ops_chunk as ops_chunk
 from path_hf.conversion.loading import load_causal_lm, load_tokenizer
-from path_hf.evaluation import answer_scores, passkey_windows, rope_scaling
+from path_hf.evaluation import IGNORE_INDEX, Window, passkey_windows, rope_scaling
+from path_hf.evaluation.scoring import position_logits
 
 
 @contextlib.contextmanager
@@ -111,10 +112,26 @@ def applied(model, variant: str, original_length: int) -> contextlib.ExitStack:
     return stack
 
 
-def probe(model, window) -> dict:
-    """The verdict and the key's mean negative log-likelihood per token for one prompt (`answer_scores`)."""
-    scores = answer_scores(model, [window], batch_size=1)
-    return {"correct": scores.all_correct[0], "answer_nll": scores.nll}
+@torch.no_grad()
+def probe(model, tokenizer, window: Window) -> dict:
+    """One prompt, one forward pass with logits at the answer's positions only (`position_logits`): the verdict, the
+    key's mean negative log-likelihood per token (what `answer_scores` gives), the same per token, and what greedy
+    decoding would put at each answer position given the right tokens before it."""
+    input_ids, labels = window.input_ids[None], window.labels[None]
+    scored = labels[:, 1:] != IGNORE_INDEX  # position t predicts the label at t + 1
+    positions = torch.zeros_like(labels, dtype=torch.bool)
+    positions[:, :-1] = scored
+    logits = position_logits(model, input_ids, torch.ones_like(input_ids), positions, "cpu").float()
+    answer = labels[:, 1:][scored]
+    nll = torch.nn.functional.cross_entropy(logits, answer, reduction="none")
+    predicted = logits.argmax(-1)
+    return {
+        "correct": bool((predicted == answer).all()),
+        "answer_nll": nll.mean().item(),
+        "answer_nll_per_token": [round(x, 4) for x in nll.tolist()],
+        "answer": [tokenizer.decode(token) for token in answer],
+        "greedy": [tokenizer.decode(token) for token in predicted],
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -142,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             started = time.process_time()
             with applied(model, variant, original):
-                rows[key] = probe(model, window)
+                rows[key] = probe(model, tokenizer, window)
             rows[key]["cpu_minutes"] = round((time.process_time() - started) / 60, 2)
             print(variant, key, json.dumps(rows[key]), flush=True)
             args.output.write_text(json.dumps(report, indent=2) + "\n")
