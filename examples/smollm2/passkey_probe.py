@@ -148,8 +148,13 @@ def main(argv: list[str] | None = None) -> None:
     depths = [float(depth) for depth in args.depths.split(",")]
     windows = passkey_windows(tokenizer, args.length, args.trials, 0, depths)
     original = model.config.max_position_embeddings
-    report = json.loads(args.output.read_text()) if args.output.is_file() else {"model": args.model, "variants": {}}
-    report.update(length=args.length, depths=depths, trials=args.trials)
+    report = {"model": args.model, "length": args.length, "variants": {}}
+    if args.output.is_file():  # a rerun adds prompts and variants; the keys name each prompt's trial and depth
+        report = json.loads(args.output.read_text())
+        if (report["model"], report["length"]) != (args.model, args.length):
+            raise SystemExit(
+                f"error: {args.output} holds {report['model']} at {report['length']}: give another --output"
+            )
     for variant in args.variant:
         rows = report["variants"].setdefault(variant, {})
         for index, window in enumerate(windows):
