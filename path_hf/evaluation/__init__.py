@@ -49,6 +49,7 @@ from .passkey import (
     accuracy_by_depth,
     answer_accuracy,
     answer_scores,
+    nll_by_depth,
     passkey_accuracy,
     passkey_windows,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "label_scores",
     "load_texts",
     "make_windows",
+    "nll_by_depth",
     "passkey_accuracy",
     "passkey_windows",
     "perplexity",

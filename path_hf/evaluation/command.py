@@ -580,6 +580,7 @@ def _measure(model, tokenizer, stream: list[int], length: int, factor: float | N
         copy_scores,
         copy_windows,
         make_windows,
+        nll_by_depth,
         passkey_windows,
         score_windows,
     )
@@ -615,8 +616,7 @@ def _measure(model, tokenizer, stream: list[int], length: int, factor: float | N
                     str(depth): value for depth, value in accuracy_by_depth(correct, depths).items()
                 }
                 entry["passkey_nll_by_depth"] = {
-                    str(depth): sum(scores.nll_sum[i :: len(depths)]) / sum(scores.tokens[i :: len(depths)])
-                    for i, depth in enumerate(depths)
+                    str(depth): value for depth, value in nll_by_depth(scores, depths).items()
                 }
     if options.copy_trials:
         prefix = tokenizer("", add_special_tokens=True)["input_ids"]  # BOS, for tokenizers that add one

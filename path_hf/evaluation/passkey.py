@@ -123,14 +123,25 @@ def passkey_accuracy(
     return sum(correct) / len(correct)
 
 
+def _at_depths(values: Sequence, depths: Sequence[float], what: str) -> dict[float, Sequence]:
+    """`{depth: the values of its windows}` for per-window `values` of `passkey_windows(..., depths=depths)`, in
+    which window `j` is at `depths[j % len(depths)]`."""
+    if not depths or not values or len(values) % len(depths):
+        raise ValueError(f"{len(values)} {what} are not a whole number of trials at {len(depths)} depths")
+    return {float(depth): values[i :: len(depths)] for i, depth in enumerate(depths)}
+
+
 def accuracy_by_depth(correct: Sequence[bool], depths: Sequence[float]) -> dict[float, float]:
-    """`{depth: accuracy}` from the verdicts of `passkey_windows(..., depths=depths)` (`answer_accuracy`), in which
-    window `j` is at `depths[j % len(depths)]`."""
-    if not depths or not correct or len(correct) % len(depths):
-        raise ValueError(f"{len(correct)} verdicts are not a whole number of trials at {len(depths)} depths")
-    return {
-        float(depth): sum(correct[i :: len(depths)]) / (len(correct) // len(depths)) for i, depth in enumerate(depths)
-    }
+    """`{depth: accuracy}` from the verdicts of `passkey_windows(..., depths=depths)` (`answer_accuracy`)."""
+    return {depth: sum(at) / len(at) for depth, at in _at_depths(correct, depths, "verdicts").items()}
+
+
+def nll_by_depth(scores: CopyResult, depths: Sequence[float]) -> dict[float, float]:
+    """`{depth: the key's mean negative log-likelihood per token}` from the `answer_scores` of
+    `passkey_windows(..., depths=depths)`."""
+    nll_sum = _at_depths(scores.nll_sum, depths, "scores")
+    tokens = _at_depths(scores.tokens, depths, "scores")
+    return {depth: sum(nll_sum[depth]) / sum(tokens[depth]) for depth in nll_sum}
 
 
 __all__ = [
@@ -141,6 +152,7 @@ __all__ = [
     "accuracy_by_depth",
     "answer_accuracy",
     "answer_scores",
+    "nll_by_depth",
     "passkey_accuracy",
     "passkey_windows",
 ]
