@@ -20,7 +20,9 @@ comma-separated list of changes, applied in order, for its prompts only:
 - `path_window_sink:W`: the same window, and every query also sees the first C tokens (the PaTH layers' sink);
 - `temperature:S`: the log-length attention temperature of the PaTH layers (`path_attn_temperature_scale`), past
   the model's `max_position_embeddings`;
-- `local_window:W`: a hybrid's local layers see the last W keys (and their sinks) instead of `local_window`.
+- `local_window:W`: a hybrid's local layers see the last W keys (and their sinks) instead of `local_window`;
+- `gate_scale:S`: every PaTH layer's log forget gate multiplied by S (its decay a token, and so the attenuation of a
+  key T tokens back, `exp(S * sum(log g))`): 0 removes the gate, 0.1 lets keys reach ten times as far.
 
 Each variant runs every prompt in one forward pass; one process at one thread, as the screens run.
 """
@@ -88,6 +90,20 @@ def config_field(model, name: str, value) -> Iterator[None]:
         setattr(model.config, name, before)
 
 
+@contextlib.contextmanager
+def gate_scale(model, scale: float) -> Iterator[None]:
+    """Every PaTH layer's log forget gate (the output of its `g_gain`) multiplied by `scale` for the block."""
+    gains = [module.g_gain for module in model.modules() if getattr(module, "g_gain", None) is not None]
+    if not gains:
+        raise SystemExit("error: gate_scale needs a model with a forget gate (path_forget_gate)")
+    handles = [gain.register_forward_hook(lambda module, args, output: output * scale) for gain in gains]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def applied(model, variant: str, original_length: int) -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
     for change in variant.split(","):
@@ -104,34 +120,59 @@ def applied(model, variant: str, original_length: int) -> contextlib.ExitStack:
             stack.enter_context(config_field(model, "path_attn_temperature_scale", float(value)))
         elif name == "local_window":
             stack.enter_context(config_field(model, "local_window", int(value)))
+        elif name == "gate_scale":
+            stack.enter_context(gate_scale(model, float(value)))
         else:
             raise SystemExit(
                 f"error: unknown variant change {change!r}: use plain, yarn:F, path_window:W, path_window_sink:W, "
-                "temperature:S, local_window:W"
+                "temperature:S, local_window:W, gate_scale:S"
             )
     return stack
+
+
+def key_gate(log_gates: list[torch.Tensor], input_ids: torch.Tensor, answer: torch.Tensor) -> list[list[float]] | None:
+    """For each PaTH layer and head, the summed log forget gate between the key's last digit in the needle and the
+    last position before the answer: what the gate adds to the logit of the question's last query for that key
+    (`G_i - G_j`), 0 when nothing decays. `None` when the needle's digits are not found as the answer's tokens."""
+    digits, ids = answer[1:].tolist(), input_ids.tolist()
+    starts = [i for i in range(len(ids) - len(answer)) if ids[i : i + len(digits)] == digits]
+    if not starts or not log_gates:
+        return None
+    key_end, last = starts[0] + len(digits) - 1, len(ids) - len(answer) - 1
+    return [[round(x, 2) for x in g[0, key_end + 1 : last + 1].sum(0).tolist()] for g in log_gates]
 
 
 @torch.no_grad()
 def probe(model, tokenizer, window: Window) -> dict:
     """One prompt, one forward pass with logits at the answer's positions only (`position_logits`): the verdict, the
-    key's mean negative log-likelihood per token (what `answer_scores` gives), the same per token, and what greedy
-    decoding would put at each answer position given the right tokens before it."""
+    key's mean negative log-likelihood per token (what `answer_scores` gives), the same per token, what greedy
+    decoding would put at each answer position given the right tokens before it, and, for a model with a forget
+    gate, each PaTH layer's summed log gate per head from the key to the question (`key_gate`)."""
     input_ids, labels = window.input_ids[None], window.labels[None]
     scored = labels[:, 1:] != IGNORE_INDEX  # position t predicts the label at t + 1
     positions = torch.zeros_like(labels, dtype=torch.bool)
     positions[:, :-1] = scored
-    logits = position_logits(model, input_ids, torch.ones_like(input_ids), positions, "cpu").float()
+    log_gates: list[torch.Tensor] = []
+    gains = [module.g_gain for module in model.modules() if getattr(module, "g_gain", None) is not None]
+    handles = [gain.register_forward_hook(lambda module, args, output: log_gates.append(output)) for gain in gains]
+    try:
+        logits = position_logits(model, input_ids, torch.ones_like(input_ids), positions, "cpu").float()
+    finally:
+        for handle in handles:
+            handle.remove()
     answer = labels[:, 1:][scored]
     nll = torch.nn.functional.cross_entropy(logits, answer, reduction="none")
     predicted = logits.argmax(-1)
-    return {
+    report = {
         "correct": bool((predicted == answer).all()),
         "answer_nll": nll.mean().item(),
         "answer_nll_per_token": [round(x, 4) for x in nll.tolist()],
         "answer": [tokenizer.decode(token) for token in answer],
         "greedy": [tokenizer.decode(token) for token in predicted],
     }
+    if (gate := key_gate(log_gates, window.input_ids, answer)) is not None:
+        report["key_gate"] = gate
+    return report
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from path_hf import PaTHLlamaForCausalLM
+from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
 from path_hf.evaluation import answer_scores, passkey_windows
 from path_hf.ops import path_attention
+from tests.evaluation.eval_models import shapes
 from tests.ops.path_reference import make_inputs, path_scores_reference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,3 +79,44 @@ def test_probe_scores_each_prompt_under_its_variant(checkpoints, tokenizer, tmp_
     assert plain.nll_sum != scaled.nll_sum  # the variant changed the model
     with pytest.raises(SystemExit, match="unknown variant change 'window:8'"):
         probe.main(["--model", str(model_path), "--length", "160", "--variant", "window:8", "--output", str(output)])
+
+
+def test_gate_scale_multiplies_the_log_forget_gate_and_key_gate_sums_it_from_the_key(checkpoints, tokenizer, tmp_path):
+    probe = load_probe()
+    torch.manual_seed(0)
+    config = PaTHLlamaConfig(
+        **shapes(tokenizer), path_backend="torch", path_forget_gate=True, path_forget_gate_bias=2.0
+    )
+    model = PaTHLlamaForCausalLM(config).eval()
+    model.save_pretrained(tmp_path / "gated")
+    tokenizer.save_pretrained(tmp_path / "gated")
+    output = tmp_path / "probe.json"
+    variants = ["plain", "gate_scale:0.5", "gate_scale:0"]
+    probe.main(["--model", str(tmp_path / "gated"), "--length", "160", "--depths", "0.2", "--output", str(output)]
+               + [arg for variant in variants for arg in ("--variant", variant)])  # fmt: skip
+    rows = {variant: json.loads(output.read_text())["variants"][variant]["trial0@0.2"] for variant in variants}
+    windows = passkey_windows(tokenizer, 160, 1, depths=(0.2,))
+    for variant, gain in (("plain", 1.0), ("gate_scale:0.5", 0.5), ("gate_scale:0", 0.0)):
+        for layer in model.model.layers:  # the same scale, reached through the checkpoint's own per-head gain
+            torch.nn.init.constant_(layer.self_attn.g_gain.weight, gain)
+        expected = answer_scores(model, windows, batch_size=1)
+        assert abs(rows[variant]["answer_nll"] - expected.nll_sum[0] / expected.tokens[0]) < 1e-5
+    assert rows["plain"]["answer_nll"] != rows["gate_scale:0"]["answer_nll"]
+    plain, half, off = (torch.tensor(rows[variant]["key_gate"]) for variant in variants)
+    assert plain.shape == (config.num_hidden_layers, config.num_attention_heads) and (plain < -0.1).all()
+    # the first layer's gate sees the same input in both (later layers' inputs change with the gate before them)
+    torch.testing.assert_close(half[0], plain[0] / 2, rtol=0, atol=0.011)  # both rounded to 0.01
+    assert (off == 0).all()
+    with pytest.raises(SystemExit, match="gate_scale needs a model with a forget gate"):
+        probe.main(["--model", str(checkpoints["path"]), "--length", "160", "--variant", "gate_scale:0",
+                    "--output", str(tmp_path / "other.json")])  # fmt: skip
+
+
+def test_key_gate_sums_each_head_from_after_the_needle_s_key_to_the_question():
+    probe = load_probe()
+    answer = torch.tensor([5, 7, 8, 9])  # a space, then the digits 7 8 9
+    input_ids = torch.tensor([1, 2, 7, 8, 9, 3, 4, 6, 5, 7, 8, 9])  # the key ends at 4, the answer starts at 8
+    log_gates = [-torch.arange(12.0)[None, :, None].expand(1, 12, 2)]
+    # positions 5, 6 and 7 lie between the key and the answer: -(5 + 6 + 7) in each head
+    assert probe.key_gate(log_gates, input_ids, answer) == [[-18.0, -18.0]]
+    assert probe.key_gate(log_gates, torch.tensor([1, 2, 3, 4, 5, 6, 7, 5, 7, 8, 9, 0]), answer) is None
