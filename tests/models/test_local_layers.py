@@ -1,5 +1,6 @@
 """Local RoPE layers (`local_window`, `local_sinks`): against transformers' Mistral sliding window, a plain Llama run
-on StreamingLLM's cache, the model without a cache, and one sequence a row."""
+on StreamingLLM's cache, the model without a cache, and one sequence a row; the references hold for both ways of
+computing a block of the window, PyTorch's fused attention and the explicit products it falls back to."""
 
 import pytest
 import torch
@@ -20,6 +21,16 @@ from tests.models.tiny_models import TINY, random_tokens, tiny_config
 LENGTH, WINDOW = 40, 8
 
 
+@pytest.fixture(params=["fused", "explicit"])
+def products(request, monkeypatch) -> str:
+    """Each block of the window in PyTorch's fused attention (where it exists), or in the explicit products."""
+    if request.param == "explicit":
+        monkeypatch.setattr(local_attention, "_FUSED", None)
+    else:
+        assert local_attention._FUSED is not None, "this PyTorch has no fused CPU attention with log-sum-exp"
+    return request.param
+
+
 def local_model(seed: int = 0, **overrides) -> PaTHLlamaForCausalLM:
     torch.manual_seed(seed)
     return PaTHLlamaForCausalLM(tiny_config(**{"local_window": WINDOW, **overrides})).eval()
@@ -34,7 +45,7 @@ def twin(model: PaTHLlamaForCausalLM, cls, config_cls, attention: str = "eager",
 
 
 @pytest.mark.parametrize("block", [3, 1024])
-def test_local_layers_are_mistral_sliding_window(block, monkeypatch):
+def test_local_layers_are_mistral_sliding_window(block, monkeypatch, products):
     monkeypatch.setattr(local_attention, "BLOCK", block)
     model = local_model(path_layers=[])
     input_ids = random_tokens(2, LENGTH, seed=1)
@@ -69,7 +80,7 @@ def test_prefill_within_the_window_is_causal_attention(dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("sinks", [1, 3])
-def test_renumbered_sinks_are_streamingllm_cache(sinks):
+def test_renumbered_sinks_are_streamingllm_cache(sinks, products):
     """One local layer: query i computes what a plain Llama computes on StreamingLLM's cache, the sinks then the
     window's tokens at consecutive positions 0, 1, ..., the query last."""
     model = local_model(path_layers=[], num_hidden_layers=1, local_sinks=sinks)
@@ -126,7 +137,7 @@ def test_cache_decodes_what_the_full_forward_computes(prefill):
     assert layer.keys.shape[2] == 3 + sinks + WINDOW - 1  # the padding before the sinks, the sinks, the window
 
 
-def test_padded_rows_are_their_sequences_alone():
+def test_padded_rows_are_their_sequences_alone(products):
     model = local_model(path_layers=[1], local_sinks=2)
     input_ids = random_tokens(2, LENGTH, seed=5)
     mask = torch.ones_like(input_ids)
@@ -137,7 +148,7 @@ def test_padded_rows_are_their_sequences_alone():
     torch.testing.assert_close(padded[1:, 7:], alone, rtol=1e-5, atol=1e-5)
 
 
-def test_packed_sequences_never_see_each_other():
+def test_packed_sequences_never_see_each_other(products):
     model = local_model(path_layers=[1], local_sinks=2)
     a, b = random_tokens(1, 25, seed=6), random_tokens(1, 15, seed=7)
     position_ids = torch.cat([torch.arange(25), torch.arange(15)])[None]
@@ -186,7 +197,7 @@ def test_bad_local_fields_are_refused(fields, message):
         PaTHLlamaConfig(**TINY, **fields)
 
 
-def test_float64_stays_float64():
+def test_float64_stays_float64(products):
     """In float64 the window's softmax is float64 too: Mistral's sliding window to rounding (`--verify` needs 1e-14;
     its SDPA, since its eager attention takes the softmax in float32)."""
     model = local_model(path_layers=[]).double()
@@ -216,6 +227,43 @@ def test_decode_attention_weights_are_streamingllm_probabilities():
     torch.testing.assert_close(weights[..., sinks : LENGTH - WINDOW], torch.zeros(1, 4, 1, LENGTH - WINDOW - sinks))
     got = torch.cat([weights[..., :sinks], weights[..., LENGTH - WINDOW :]], dim=-1)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_blocks_compute_the_explicit_products_values_and_gradients(monkeypatch):
+    """The fused blocks (the renumbered sinks merged through the window's log-sum-exp) equal the explicit products in
+    float64, without and with autograd, padded rows and sinks included; under autograd the blocks that see a
+    renumbered sink take the explicit products (the fused op passes no gradient through its log-sum-exp)."""
+    torch.manual_seed(0)
+    batch, heads, length, dim, window = 2, 4, 90, 8, 16
+    query = torch.randn(batch, heads, length, dim, dtype=torch.float64, requires_grad=True)
+    key, value = (torch.randn(batch, 2, length, dim, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    positions = torch.arange(length).repeat(batch, 1)
+    positions[1] = torch.arange(length) - 5  # five tokens of left padding
+    positions[1, :5] = -1
+    inv_freq = 1 / 1e4 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    weight = torch.randn(batch, length, heads, dim, dtype=torch.float64) * (positions >= 0)[..., None, None]
+    calls = []
+    fused = local_attention._FUSED
+    monkeypatch.setattr(local_attention, "_FUSED", lambda *args, **kwargs: calls.append(1) or fused(*args, **kwargs))
+
+    def run(grad: bool):
+        with torch.set_grad_enabled(grad):
+            out = local_attention.local_attention(
+                query, key, value, positions, positions, window=window, sinks=3, inv_freq=inv_freq, scaling=0.3,
+                block=10,
+            )  # fmt: skip
+        return out, torch.autograd.grad((out * weight).sum(), (query, key, value)) if grad else ()
+
+    (got, _), (got_grad, grads) = run(False), run(True)
+    assert len(calls) == 9 + 1  # every block without autograd; with it, the first block only (no sink renumbered)
+    monkeypatch.setattr(local_attention, "_FUSED", None)
+    (expected, _), (_, expected_grads) = run(False), run(True)
+    valid = positions >= 0
+    torch.testing.assert_close(got[valid], expected[valid], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got_grad[valid], expected[valid], rtol=1e-12, atol=1e-12)
+    for got_g, expected_g in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got_g, expected_g, rtol=1e-12, atol=1e-12)
+    assert got.isfinite().all()  # the padding's rows too
 
 
 def test_static_cache_is_refused_with_what_to_do():
