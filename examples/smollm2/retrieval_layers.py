@@ -1,0 +1,161 @@
+# Copyright 2026 The path-hf authors. Apache-2.0.
+"""Which of the source's layers retrieve from far back: the passkey's likelihood when only some layers are global.
+
+```
+OMP_NUM_THREADS=1 python examples/smollm2/retrieval_layers.py \\
+    --model runs/smollm2/download/SmolLM2-135M-Instruct.Q4_1.gguf --length 8192 --window 2048 --depths 0.1 \\
+    --rows all none every4 only:0-29 --output runs/retrieval-layers/only.json
+```
+
+A hybrid leaves every dependency further back than its local window to its global layers. This asks, of the source
+itself and without training, which layers those must be for retrieval: every layer outside a row's global ones sees
+only the last `--window` keys and the first `--sinks` (`local_layers.py`'s `hybrid`: Mistral's sliding window, RoPE
+unscaled), and each passkey prompt of `path-hf eval` (`passkey_windows`, seed 0, trial 0, the key at `--depths`)
+gets the key's mean negative log-likelihood per token (`answer_scores`) and its verdict. A row is `all` (the source),
+`none` (every layer local), `every4` (layers 3, 7, ..., 27: the shipped hybrid's PaTH layers), `only:I` (layer I
+alone global), `only:I-J` (one row per layer of the range), `without:I` / `without:I-J` (every layer but I global),
+or `layers:I+J+...` (those layers global). Rows already in `--output` are kept (a rerun resumes).
+
+With `--heads`, instead of rows: where each head of the source (every layer global) looks when it writes the key.
+For each prompt (`--trials` keys at each depth), at each position that predicts one of the answer's tokens, the
+attention probability on the needle's tokens (`decode_attention_rows`: one decode step a position, exact), averaged
+over those positions, per layer and head; and each layer's largest head. Retrieval heads are those with most mass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from local_layers import hybrid  # noqa: E402
+
+import path_hf  # noqa: E402, F401  (registers PaTHLlama with the Auto classes)
+from path_hf.atomic import atomic_file  # noqa: E402
+from path_hf.conversion.loading import load_causal_lm, load_tokenizer  # noqa: E402
+from path_hf.evaluation import IGNORE_INDEX, answer_scores, passkey_windows  # noqa: E402
+from path_hf.evaluation.attention_mass import decode_attention_rows  # noqa: E402
+from path_hf.evaluation.passkey import PASSKEY_NEEDLE  # noqa: E402
+
+
+def expand(rows: list[str], num_layers: int) -> dict[str, list[int]]:
+    """Row name -> its global layers."""
+    every = list(range(num_layers))
+    out: dict[str, list[int]] = {}
+    for row in rows:
+        kind, _, value = row.partition(":")
+        if kind in ("all", "none", "every4") and not value:
+            out[row] = {"all": every, "none": [], "every4": [i for i in every if i % 4 == 3]}[kind]
+        elif kind in ("only", "without") and value:
+            first, _, last = value.partition("-")
+            for layer in range(int(first), int(last or first) + 1):
+                if not 0 <= layer < num_layers:
+                    raise SystemExit(f"error: row {row!r}: the model has layers 0 to {num_layers - 1}")
+                out[f"{kind}:{layer}"] = [layer] if kind == "only" else [i for i in every if i != layer]
+        elif kind == "layers" and value:
+            out[row] = sorted({int(layer) for layer in value.split("+")})
+        else:
+            raise SystemExit(
+                f"error: unknown row {row!r}: use all, none, every4, only:I[-J], without:I[-J], layers:I+J"
+            )
+    return out
+
+
+def needle_mass(model, window, needle: list[int]) -> list[list[float]]:
+    """`[layers][heads]`: the attention probability on the needle's tokens at the positions that predict the answer
+    (the answer's labels but the last), averaged over them."""
+    input_ids = window.input_ids[None]
+    answer_start = int((window.labels != IGNORE_INDEX).nonzero()[0])
+    ids = input_ids[0].tolist()
+    start = next(i for i in range(answer_start) if ids[i : i + len(needle)] == needle)
+    queries = input_ids.shape[1] - answer_start + 1  # the prompt's last token, then each answer token but the last
+    sums = None
+    with torch.no_grad():
+        for position, rows in decode_attention_rows(model, input_ids, queries):
+            if position == input_ids.shape[1] - 1:  # the last answer token predicts nothing
+                continue
+            mass = torch.stack([row[0, :, 0, start : start + len(needle)].sum(-1).double() for row in rows])
+            sums = mass if sums is None else sums + mass
+    return (sums / (queries - 1)).tolist()
+
+
+def heads(model, tokenizer, windows: dict, output: Path, protocol: dict) -> None:
+    report = {**protocol, "prompts": {}}
+    for name, window in windows.items():
+        key = tokenizer.decode(window.input_ids[window.labels != IGNORE_INDEX]).strip()
+        needle = tokenizer(PASSKEY_NEEDLE.format(key=key), add_special_tokens=False)["input_ids"]
+        started = time.process_time()
+        mass = needle_mass(model, window, needle)
+        report["prompts"][name] = {
+            "needle_mass": [[round(x, 4) for x in layer] for layer in mass],
+            "cpu_minutes": round((time.process_time() - started) / 60, 2),
+        }
+        top = sorted(((max(layer), index) for index, layer in enumerate(mass)), reverse=True)[:8]
+        print(name, " ".join(f"{index}:{value:.2f}" for value, index in top), flush=True)
+        with atomic_file(output) as tmp:
+            tmp.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--length", type=int, required=True)
+    parser.add_argument("--window", type=int, help="keys a local layer sees (--rows)")
+    parser.add_argument("--sinks", type=int, default=4)
+    parser.add_argument("--depths", default="0.1,0.5")
+    parser.add_argument("--rows", nargs="+")
+    parser.add_argument("--heads", action="store_true", help="the needle's attention mass per head, not rows")
+    parser.add_argument("--trials", type=int, default=1, help="keys a depth")
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if bool(args.rows) == args.heads or (args.rows and args.window is None):
+        raise SystemExit("error: give --rows and --window, or --heads")
+    model = load_causal_lm(args.model, torch.float32).eval()
+    model.set_attn_implementation("sdpa")
+    tokenizer = load_tokenizer(args.model)
+    depths = [float(depth) for depth in args.depths.split(",")]
+    windows = passkey_windows(tokenizer, args.length, args.trials, 0, depths)
+    names = [f"trial{i // len(depths)}@{depths[i % len(depths)]}" for i in range(len(windows))]
+    if args.heads:
+        protocol = {"length": args.length, "depths": depths, "trials": args.trials}
+        heads(model, tokenizer, dict(zip(names, windows, strict=True)), args.output, protocol)
+        return
+    rows = expand(args.rows, len(model.model.layers))
+    protocol = {"length": args.length, "window": args.window, "sinks": args.sinks, "depths": depths}
+    protocol["trials"] = args.trials
+    report = {**protocol, "rows": {}}
+    if args.output.is_file():
+        report = json.loads(args.output.read_text())
+        if {key: report.get(key, 1 if key == "trials" else None) for key in protocol} != protocol:
+            raise SystemExit(f"error: {args.output} holds another protocol: give another --output")
+    for name, globals_ in rows.items():
+        if name in report["rows"]:
+            continue
+        lengths = {len(window.input_ids) for window in windows}
+        if len(lengths) != 1:
+            raise SystemExit("error: the prompts differ in length; the local mask needs one")
+        handles = hybrid(model, lengths.pop(), args.window, args.sinks, globals_, None)
+        started = time.process_time()
+        try:
+            scores = answer_scores(model, windows, batch_size=1)
+        finally:
+            for handle in handles:
+                handle.remove()
+        report["rows"][name] = {
+            "global_layers": globals_,
+            "nll": {key: round(scores.nll_sum[i] / scores.tokens[i], 4) for i, key in enumerate(names)},
+            "found": {key: scores.all_correct[i] for i, key in enumerate(names)},
+            "cpu_minutes": round((time.process_time() - started) / 60, 2),
+        }
+        print(name, json.dumps(report["rows"][name]["nll"]), flush=True)
+        with atomic_file(args.output) as tmp:
+            tmp.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

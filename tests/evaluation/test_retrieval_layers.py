@@ -1,0 +1,84 @@
+"""examples/smollm2/retrieval_layers.py: its rows are the source with some layers local (the `all` row is the plain
+model, as `answer_scores` scores it), and its per-head needle mass is what eager attention gives at the positions that
+predict the answer."""
+
+import importlib.util
+import json
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from path_hf.evaluation import IGNORE_INDEX, answer_scores, passkey_windows
+from path_hf.evaluation.passkey import PASSKEY_NEEDLE
+from tests.evaluation.eval_models import ROOT
+
+
+def load_script():
+    path = ROOT / "examples" / "smollm2" / "retrieval_layers.py"
+    spec = importlib.util.spec_from_file_location("retrieval_layers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rows_name_their_global_layers_and_bad_rows_are_refused():
+    script = load_script()
+    rows = script.expand(["all", "none", "every4", "only:1-2", "without:0", "layers:5+1"], 8)
+    assert rows == {
+        "all": list(range(8)),
+        "none": [],
+        "every4": [3, 7],
+        "only:1": [1],
+        "only:2": [2],
+        "without:0": list(range(1, 8)),
+        "layers:5+1": [1, 5],
+    }
+    with pytest.raises(SystemExit, match="unknown row 'some'"):
+        script.expand(["some"], 8)
+    with pytest.raises(SystemExit, match="the model has layers 0 to 7"):
+        script.expand(["only:8"], 8)
+
+
+def test_the_all_row_is_the_model_and_local_rows_change_it(checkpoints, tokenizer, tmp_path):
+    script = load_script()
+    output = tmp_path / "rows.json"
+    script.main([
+        "--model", str(checkpoints["llama"]), "--length", "160", "--window", "16", "--depths", "0.2,0.8",
+        "--trials", "2", "--rows", "all", "none", "--output", str(output),
+    ])  # fmt: skip
+    rows = json.loads(output.read_text())["rows"]
+    model = LlamaForCausalLM.from_pretrained(checkpoints["llama"]).eval()
+    windows = passkey_windows(tokenizer, 160, 2, depths=(0.2, 0.8))
+    expected = answer_scores(model, windows, batch_size=1)
+    for index, key in enumerate(("trial0@0.2", "trial0@0.8", "trial1@0.2", "trial1@0.8")):
+        assert abs(rows["all"]["nll"][key] - expected.nll_sum[index] / expected.tokens[index]) < 1e-3
+        assert rows["all"]["found"][key] == expected.all_correct[index]
+        assert abs(rows["none"]["nll"][key] - rows["all"]["nll"][key]) > 1e-3  # a 16-token window changes it
+    with pytest.raises(SystemExit, match="holds another protocol"):
+        script.main([
+            "--model", str(checkpoints["llama"]), "--length", "160", "--window", "32", "--depths", "0.2,0.8",
+            "--trials", "2", "--rows", "all", "--output", str(output),
+        ])  # fmt: skip
+
+
+def test_needle_mass_is_eager_attention_on_the_needle(checkpoints, tokenizer):
+    script = load_script()
+    model = LlamaForCausalLM.from_pretrained(checkpoints["llama"]).eval()
+    (window,) = passkey_windows(tokenizer, 160, 1, depths=(0.5,))
+    answer = window.labels != IGNORE_INDEX
+    key = tokenizer.decode(window.input_ids[answer]).strip()
+    needle = tokenizer(PASSKEY_NEEDLE.format(key=key), add_special_tokens=False)["input_ids"]
+    got = torch.tensor(script.needle_mass(model, window, needle), dtype=torch.float64)
+    ids = window.input_ids.tolist()
+    start = next(i for i in range(len(ids)) if ids[i : i + len(needle)] == needle)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        attentions = model(window.input_ids[None], output_attentions=True).attentions
+    first = int(answer.nonzero()[0])
+    predicting = range(first - 1, len(ids) - 1)  # the prompt's last token, then every answer token but the last
+    expected = torch.stack(
+        [layer[0, :, predicting, start : start + len(needle)].sum(-1).mean(-1).double() for layer in attentions]
+    )
+    assert got.shape == (model.config.num_hidden_layers, model.config.num_attention_heads)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
