@@ -19,8 +19,8 @@ from .configuration_path_llama import LOCAL_LAYER_TYPE
 # Queries scored at a time by `local_attention` (each against its window and the sinks): nothing of size T x T forms.
 BLOCK = 1024
 # PyTorch's fused CPU attention with an additive mask, which also returns each query's log-sum-exp, so that the
-# renumbered sinks' scores join the window's softmax without forming the window's logits: about 4x the explicit
-# products on one core (bench/local_attention_cpu.py). Private to PyTorch, so `local_attention` falls back to the explicit
+# renumbered sinks' scores join the window's softmax without forming the window's logits: about 3x faster than the
+# explicit products on one core (BENCHMARKS.md). Private to PyTorch, so `local_attention` falls back to the explicit
 # products where it is missing, or for a dtype it does not take.
 _FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
