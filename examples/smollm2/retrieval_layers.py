@@ -122,16 +122,16 @@ def main(argv: list[str] | None = None) -> None:
     windows = passkey_windows(tokenizer, args.length, args.trials, 0, depths)
     names = [f"trial{i // len(depths)}@{depths[i % len(depths)]}" for i in range(len(windows))]
     if args.heads:
-        protocol = {"length": args.length, "depths": depths, "trials": args.trials}
+        protocol = {"model": args.model, "length": args.length, "depths": depths, "trials": args.trials}
         heads(model, tokenizer, dict(zip(names, windows, strict=True)), args.output, protocol)
         return
     rows = expand(args.rows, len(model.model.layers))
-    protocol = {"length": args.length, "window": args.window, "sinks": args.sinks, "depths": depths}
-    protocol["trials"] = args.trials
+    protocol = {"model": args.model, "length": args.length, "window": args.window, "sinks": args.sinks}
+    protocol |= {"depths": depths, "trials": args.trials}
     report = {**protocol, "rows": {}}
     if args.output.is_file():
         report = json.loads(args.output.read_text())
-        if {key: report.get(key, 1 if key == "trials" else None) for key in protocol} != protocol:
+        if {key: report.get(key) for key in protocol} != protocol:
             raise SystemExit(f"error: {args.output} holds another protocol: give another --output")
     for name, globals_ in rows.items():
         if name in report["rows"]:
