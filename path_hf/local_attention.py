@@ -23,6 +23,8 @@ BLOCK = 1024
 # explicit products on one core (BENCHMARKS.md). Private to PyTorch, so `local_attention` falls back to the explicit
 # products where it is missing, or for a dtype it does not take.
 _FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+if _FUSED is not None and "attn_mask" not in str(_FUSED.default._schema):  # older PyTorch: no mask, so no window
+    _FUSED = None
 _FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 
