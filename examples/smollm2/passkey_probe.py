@@ -90,10 +90,15 @@ def config_field(model, name: str, value) -> Iterator[None]:
         setattr(model.config, name, before)
 
 
+def gate_gains(model) -> list[torch.nn.Module]:
+    """The `g_gain` of every PaTH layer with a forget gate: its output is the layer's log gate."""
+    return [module.g_gain for module in model.modules() if getattr(module, "g_gain", None) is not None]
+
+
 @contextlib.contextmanager
 def gate_scale(model, scale: float) -> Iterator[None]:
     """Every PaTH layer's log forget gate (the output of its `g_gain`) multiplied by `scale` for the block."""
-    gains = [module.g_gain for module in model.modules() if getattr(module, "g_gain", None) is not None]
+    gains = gate_gains(model)
     if not gains:
         raise SystemExit("error: gate_scale needs a model with a forget gate (path_forget_gate)")
     handles = [gain.register_forward_hook(lambda module, args, output: output * scale) for gain in gains]
@@ -153,7 +158,7 @@ def probe(model, tokenizer, window: Window) -> dict:
     positions = torch.zeros_like(labels, dtype=torch.bool)
     positions[:, :-1] = scored
     log_gates: list[torch.Tensor] = []
-    gains = [module.g_gain for module in model.modules() if getattr(module, "g_gain", None) is not None]
+    gains = gate_gains(model)
     handles = [gain.register_forward_hook(lambda module, args, output: log_gates.append(output)) for gain in gains]
     try:
         logits = position_logits(model, input_ids, torch.ones_like(input_ids), positions, "cpu").float()

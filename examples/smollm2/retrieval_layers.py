@@ -133,13 +133,14 @@ def main(argv: list[str] | None = None) -> None:
         report = json.loads(args.output.read_text())
         if {key: report.get(key) for key in protocol} != protocol:
             raise SystemExit(f"error: {args.output} holds another protocol: give another --output")
+    lengths = {len(window.input_ids) for window in windows}
+    if len(lengths) != 1:
+        raise SystemExit("error: the prompts differ in length; the local mask needs one")
+    length = lengths.pop()
     for name, globals_ in rows.items():
         if name in report["rows"]:
             continue
-        lengths = {len(window.input_ids) for window in windows}
-        if len(lengths) != 1:
-            raise SystemExit("error: the prompts differ in length; the local mask needs one")
-        handles = hybrid(model, lengths.pop(), args.window, args.sinks, globals_, None)
+        handles = hybrid(model, length, args.window, args.sinks, globals_, None)
         started = time.process_time()
         try:
             scores = answer_scores(model, windows, batch_size=1)
