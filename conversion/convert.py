@@ -18,6 +18,7 @@ from path_hf.atomic import atomic_directory
 from .gguf import gguf_source
 from .options import ConvertOptions, format_size
 from .plan import ConversionPlan, plan_conversion
+from .sources import resolve_source
 from .staging import check_destination, clear_stale_staging, destination_lock, staging_directory
 from .write import write_conversion
 
@@ -27,7 +28,8 @@ def convert(options: ConvertOptions) -> ConversionPlan:
     converted checkpoint, atomically. The destination is checked first (`check_destination`), then locked until the
     output is in place (`destination_lock`: a second conversion to it is refused meanwhile). Staging directories that
     killed conversions to the same destination left are removed next (`clear_stale_staging`). A GGUF source is
-    materialised beside the destination, and removed at the end whatever happens."""
+    materialised beside the destination, and removed at the end whatever happens. With `--retrieval-layers` the source
+    runs first, to choose the PaTH layers (`conversion.retrieval`)."""
     output = Path(options.output).expanduser().resolve()
     local = Path(options.source).expanduser()
     # Before anything is made beside it; the plan checks it again, against a hub source too.
@@ -35,6 +37,11 @@ def convert(options: ConvertOptions) -> ConversionPlan:
     with destination_lock(output, create_parent=not options.dry_run):
         clear_stale_staging(output, remove=not options.dry_run)
         with gguf_source(options) as source:
+            if options.retrieval_layers is not None:
+                from .retrieval import choose_retrieval_layers  # runs the source: imported only when asked for
+
+                source = source or resolve_source(options.source, options.revision)
+                options = choose_retrieval_layers(options, source)
             plan = plan_conversion(options, source)
             print(plan.describe(), flush=True)
             if options.dry_run:

@@ -19,6 +19,8 @@ from path_hf.errors import ConversionError
 # 5e-3, a misplaced one 1 to 10 (conversion/README.md).
 VERIFY_TOLERANCE = 1e-6
 _DEFAULT_SHARD_SIZE = "5GB"
+# `--retrieval-layers`: the longest default length of its passkey prompts (a forward pass each, on the whole source).
+RETRIEVAL_LENGTH = 8192
 # `--rope-max-wavelength context`: the source's own training context (`plan.source_context`).
 CONTEXT = "context"
 # Options of running the command rather than of the checkpoint it writes: a recipe's `model.convert` cannot set them.
@@ -168,6 +170,25 @@ class ConvertOptions:
             "help": "layers that become PaTH layers, e.g. 0-11,20; the others keep RoPE attention (default: all)",
         },
     )
+    retrieval_layers: int | None = field(
+        default=None,
+        metadata={
+            "metavar": "N",
+            "help": "instead of --layers: make the N layers where the source retrieves from far back the PaTH layers, "
+            "measured before converting (path_hf.evaluation.retrieval_heads: the source runs on passkey prompts of "
+            "--retrieval-length tokens, and the layers whose strongest head puts the most attention on the passkey "
+            "when the key is written are kept). Load the whole source, one forward pass a prompt (4 prompts). With "
+            "--local-window the other layers become local: the hybrid retrieves past its window only through these",
+        },
+    )
+    retrieval_length: int | None = field(
+        default=None,
+        metadata={
+            "metavar": "TOKENS",
+            "help": "the passkey prompts' length of --retrieval-layers; the needles sit 90%% and 50%% of it back "
+            f"(default: the source's training context, at most {RETRIEVAL_LENGTH})",
+        },
+    )
     local_window: int | None = field(
         default=PaTHLlamaConfig.local_window,
         metadata={
@@ -269,13 +290,29 @@ class ConvertOptions:
             raise ConversionError("--verify checks written files; it cannot run with --dry-run.")
         if self.forget_gate_bias != PaTHLlamaConfig.path_forget_gate_bias and not self.forget_gate:
             raise ConversionError("--forget-gate-bias sets the forget gate's init: it needs --forget-gate.")
+        if self.retrieval_layers is not None:
+            if self.layers is not None:
+                raise ConversionError(
+                    "--layers names the PaTH layers and --retrieval-layers measures them: give one of the two."
+                )
+            if isinstance(self.retrieval_layers, bool) or self.retrieval_layers < 1:
+                raise ConversionError(
+                    f"--retrieval-layers must be a positive number of layers, got {self.retrieval_layers}."
+                )
+        if self.retrieval_length is not None:
+            if self.retrieval_layers is None:
+                raise ConversionError("--retrieval-length is the prompts' length of --retrieval-layers: it needs it.")
+            if self.retrieval_length < 1:
+                raise ConversionError(
+                    f"--retrieval-length must be a positive number of tokens, got {self.retrieval_length}."
+                )
         if self.local_window is not None:
             if self.local_window < 1:
                 raise ConversionError(f"--local-window must be a positive number of tokens, got {self.local_window}.")
-            if self.layers is None:
+            if self.layers is None and self.retrieval_layers is None:
                 raise ConversionError(
                     "--local-window makes the layers outside --layers local, but every layer becomes a PaTH layer: "
-                    "name the PaTH layers with --layers."
+                    "name the PaTH layers with --layers (or measure them with --retrieval-layers N)."
                 )
         if self.local_sinks < 0:
             raise ConversionError(f"--local-sinks must be a number of tokens >= 0, got {self.local_sinks}.")
@@ -312,6 +349,7 @@ class ConvertOptions:
 
 __all__ = [
     "CONTEXT",
+    "RETRIEVAL_LENGTH",
     "RUN_OPTIONS",
     "UNRECORDED_OPTIONS",
     "VERIFY_TOLERANCE",

@@ -198,7 +198,8 @@ def read_source_config(source: Source, options: ConvertOptions) -> tuple[Archite
             f"--layers names layer {max(options.layers)}, but the model has {source_config.num_hidden_layers} layers "
             f"(0-{source_config.num_hidden_layers - 1})."
         )
-    if options.local_window is not None and len(options.layers) == source_config.num_hidden_layers:
+    local = options.local_window is not None and options.layers is not None  # --retrieval-layers: not chosen yet
+    if local and len(options.layers) == source_config.num_hidden_layers:
         raise ConversionError(
             f"--local-window makes the layers outside --layers local, but --layers names every layer of the model "
             f"(0-{source_config.num_hidden_layers - 1}): every layer is a PaTH layer. Leave some out of --layers."

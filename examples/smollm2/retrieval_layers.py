@@ -16,10 +16,11 @@ gets the key's mean negative log-likelihood per token (`answer_scores`) and its 
 alone global), `only:I-J` (one row per layer of the range), `without:I` / `without:I-J` (every layer but I global),
 or `layers:I+J+...` (those layers global). Rows already in `--output` are kept (a rerun resumes).
 
-With `--heads`, instead of rows: where each head of the source (every layer global) looks when it writes the key.
-For each prompt (`--trials` keys at each depth), at each position that predicts one of the answer's tokens, the
-attention probability on the needle's tokens (`decode_attention_rows`: one decode step a position, exact), averaged
-over those positions, per layer and head; and each layer's largest head. Retrieval heads are those with most mass.
+With `--heads`, instead of rows: where each head of the source (every layer global) looks when it writes the key,
+prompt by prompt (`--trials` keys at each depth): `path_hf.evaluation.needle_mass`, the attention probability on the
+needle's tokens at each position that predicts one of the answer's tokens (one decode step a position, exact),
+averaged over those positions, per layer and head. Retrieval heads are those with most mass. `path-hf convert
+--retrieval-layers N` measures the same, averaged over its prompts, and keeps the N layers with the strongest heads.
 """
 
 from __future__ import annotations
@@ -38,9 +39,7 @@ from local_layers import hybrid  # noqa: E402
 import path_hf  # noqa: E402, F401  (registers PaTHLlama with the Auto classes)
 from path_hf.atomic import atomic_file  # noqa: E402
 from path_hf.conversion.loading import load_causal_lm, load_tokenizer  # noqa: E402
-from path_hf.evaluation import IGNORE_INDEX, answer_scores, passkey_windows  # noqa: E402
-from path_hf.evaluation.attention_mass import decode_attention_rows  # noqa: E402
-from path_hf.evaluation.passkey import PASSKEY_NEEDLE  # noqa: E402
+from path_hf.evaluation import answer_scores, needle_mass, needle_span, passkey_windows  # noqa: E402
 
 
 def expand(rows: list[str], num_layers: int) -> dict[str, list[int]]:
@@ -66,31 +65,11 @@ def expand(rows: list[str], num_layers: int) -> dict[str, list[int]]:
     return out
 
 
-def needle_mass(model, window, needle: list[int]) -> list[list[float]]:
-    """`[layers][heads]`: the attention probability on the needle's tokens at the positions that predict the answer
-    (the answer's labels but the last), averaged over them."""
-    input_ids = window.input_ids[None]
-    answer_start = int((window.labels != IGNORE_INDEX).nonzero()[0])
-    ids = input_ids[0].tolist()
-    start = next(i for i in range(answer_start) if ids[i : i + len(needle)] == needle)
-    queries = input_ids.shape[1] - answer_start + 1  # the prompt's last token, then each answer token but the last
-    sums = None
-    with torch.no_grad():
-        for position, rows in decode_attention_rows(model, input_ids, queries):
-            if position == input_ids.shape[1] - 1:  # the last answer token predicts nothing
-                continue
-            mass = torch.stack([row[0, :, 0, start : start + len(needle)].sum(-1).double() for row in rows])
-            sums = mass if sums is None else sums + mass
-    return (sums / (queries - 1)).tolist()
-
-
 def heads(model, tokenizer, windows: dict, output: Path, protocol: dict) -> None:
     report = {**protocol, "prompts": {}}
     for name, window in windows.items():
-        key = tokenizer.decode(window.input_ids[window.labels != IGNORE_INDEX]).strip()
-        needle = tokenizer(PASSKEY_NEEDLE.format(key=key), add_special_tokens=False)["input_ids"]
         started = time.process_time()
-        mass = needle_mass(model, window, needle)
+        mass = needle_mass(model, window, needle_span(tokenizer, window)).tolist()
         report["prompts"][name] = {
             "needle_mass": [[round(x, 4) for x in layer] for layer in mass],
             "cpu_minutes": round((time.process_time() - started) / 60, 2),

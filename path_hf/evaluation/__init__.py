@@ -20,6 +20,8 @@ One implementation for the recipes' recovery tracking, `path-hf eval` and the de
 - `attention_mass`: where attention goes at long range, per layer and head: the probability on the first token (the
   attention sink) and on keys more than F positions back, at the last positions of a long window; exact, from decode
   steps (each layer's one row of probabilities), for PaTH and RoPE layers alike.
+- `retrieval_heads`: each head's attention on a passkey's needle when the model writes the key (the retrieval heads),
+  and the layers ranked by their strongest head (`path-hf convert --retrieval-layers` keeps those as PaTH layers).
 - `command`: `path-hf eval`.
 
 ```python
@@ -55,6 +57,7 @@ from .passkey import (
 )
 from .plots import plot_lengths, plot_recovery
 from .retrieval import COPY_SPAN, CopyResult, copy_accuracy, copy_scores, copy_windows, label_scores
+from .retrieval_heads import needle_mass, needle_span, rank_retrieval_layers, retrieval_heads
 from .rope import ROPE_SCALING_TYPES, rope_parameters_for, rope_scaling
 from .scoring import (
     IGNORE_INDEX,
@@ -92,13 +95,17 @@ __all__ = [
     "label_scores",
     "load_texts",
     "make_windows",
+    "needle_mass",
+    "needle_span",
     "nll_by_depth",
     "passkey_accuracy",
     "passkey_windows",
     "perplexity",
     "plot_lengths",
     "plot_recovery",
+    "rank_retrieval_layers",
     "read_texts",
+    "retrieval_heads",
     "rope_parameters_for",
     "rope_scaling",
     "score_windows",

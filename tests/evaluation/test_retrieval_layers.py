@@ -1,6 +1,5 @@
 """examples/smollm2/retrieval_layers.py: its rows are the source with some layers local (the `all` row is the plain
-model, as `answer_scores` scores it), and its per-head needle mass is what eager attention gives at the positions that
-predict the answer."""
+model, as `answer_scores` scores it), and `--heads` writes the library's needle mass prompt by prompt."""
 
 import importlib.util
 import json
@@ -9,8 +8,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from path_hf.evaluation import IGNORE_INDEX, answer_scores, passkey_windows
-from path_hf.evaluation.passkey import PASSKEY_NEEDLE
+from path_hf.evaluation import answer_scores, needle_mass, needle_span, passkey_windows
 from tests.evaluation.eval_models import ROOT
 
 
@@ -62,23 +60,17 @@ def test_the_all_row_is_the_model_and_local_rows_change_it(checkpoints, tokenize
         ])  # fmt: skip
 
 
-def test_needle_mass_is_eager_attention_on_the_needle(checkpoints, tokenizer):
+def test_heads_writes_each_prompts_needle_mass(checkpoints, tokenizer, tmp_path):
     script = load_script()
+    output = tmp_path / "heads.json"
+    script.main([
+        "--model", str(checkpoints["llama"]), "--length", "160", "--depths", "0.3", "--trials", "2", "--heads",
+        "--output", str(output),
+    ])  # fmt: skip
+    prompts = json.loads(output.read_text())["prompts"]
     model = LlamaForCausalLM.from_pretrained(checkpoints["llama"]).eval()
-    (window,) = passkey_windows(tokenizer, 160, 1, depths=(0.5,))
-    answer = window.labels != IGNORE_INDEX
-    key = tokenizer.decode(window.input_ids[answer]).strip()
-    needle = tokenizer(PASSKEY_NEEDLE.format(key=key), add_special_tokens=False)["input_ids"]
-    got = torch.tensor(script.needle_mass(model, window, needle), dtype=torch.float64)
-    ids = window.input_ids.tolist()
-    start = next(i for i in range(len(ids)) if ids[i : i + len(needle)] == needle)
-    model.set_attn_implementation("eager")
-    with torch.no_grad():
-        attentions = model(window.input_ids[None], output_attentions=True).attentions
-    first = int(answer.nonzero()[0])
-    predicting = range(first - 1, len(ids) - 1)  # the prompt's last token, then every answer token but the last
-    expected = torch.stack(
-        [layer[0, :, predicting, start : start + len(needle)].sum(-1).mean(-1).double() for layer in attentions]
-    )
-    assert got.shape == (model.config.num_hidden_layers, model.config.num_attention_heads)
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    windows = passkey_windows(tokenizer, 160, 2, depths=(0.3,))
+    for name, window in zip(("trial0@0.3", "trial1@0.3"), windows, strict=True):
+        expected = needle_mass(model, window, needle_span(tokenizer, window))
+        torch.testing.assert_close(torch.tensor(prompts[name]["needle_mass"], dtype=torch.float64), expected,
+                                   atol=1e-4, rtol=0)  # fmt: skip
