@@ -27,9 +27,10 @@ def load_tokenizer(source: str, trust_remote_code: bool = False):
     return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
 
 
-def load_causal_lm(source: str, dtype: torch.dtype, trust_remote_code: bool = False) -> PreTrainedModel:
-    """The causal LM of `source` at `dtype`; a GGUF becomes a plain model of its architecture (the whole model
-    dequantised in memory at `dtype`), the model `path-hf convert` converts from."""
+def load_causal_lm(source: str, dtype: torch.dtype | str, trust_remote_code: bool = False) -> PreTrainedModel:
+    """The causal LM of `source` at `dtype` (`"auto"`: a checkpoint's own dtype); a GGUF becomes a plain model of its
+    architecture (the whole model dequantised in memory at `dtype`, a torch dtype), the model `path-hf convert`
+    converts from."""
     if (gguf_path := find_gguf(source)) is not None:
         return load_gguf_model(GGUFFile.read(gguf_path), dtype)
     return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)

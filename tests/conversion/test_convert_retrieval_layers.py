@@ -8,12 +8,14 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from path_hf.conversion.loading import load_causal_lm, load_tokenizer
 from path_hf.conversion.options import format_layers
 from path_hf.errors import RecipeError
 from path_hf.evaluation import passkey_windows
 from path_hf.recipes.arguments import ModelArguments
 from path_hf.recipes.models import conversion_options
 from tests.conversion.checkpoints import make_source, run_cli
+from tests.conversion.gguf_files import tiny_model, write_gguf
 from tests.evaluation.eval_models import TOKENIZER, shapes
 from tests.evaluation.test_retrieval_heads import eager_needle_mass
 
@@ -97,3 +99,18 @@ def test_a_source_the_converter_refuses_is_refused_before_it_runs(tmp_path, caps
     code, out, err = run_cli(capsys, "convert", "--from", source, "--to", tmp_path / "out", "--retrieval-layers", "1")
     assert code == 1 and "sliding-window attention" in err, err
     assert "retrieval layers" not in out
+
+
+def test_a_gguf_source_is_measured_from_the_file(tmp_path, capsys):
+    """A GGUF runs as the model `path-hf eval` loads from it (dequantised, its own tokenizer), also with --dry-run,
+    which writes no weights to load."""
+    source = write_gguf(tmp_path / "model.gguf", tiny_model(num_hidden_layers=3, seed=4), "llama", "F32")
+    flags = ["--retrieval-layers", "1", "--retrieval-length", LENGTH, "--dry-run"]
+    code, out, err = run_cli(capsys, "convert", "--from", source, "--to", tmp_path / "out", *flags)
+    assert code == 0, err
+    model = load_causal_lm(str(source), torch.float32).eval()
+    tokenizer = load_tokenizer(str(source))
+    windows = passkey_windows(tokenizer, LENGTH, 2, 0, (0.1, 0.5))
+    strongest = torch.stack([eager_needle_mass(model, tokenizer, w) for w in windows]).mean(0).max(-1).values
+    assert f"PaTH layers:  {int(strongest.argmax())} (1 of 3)" in out
+    assert not (tmp_path / "out").exists()
