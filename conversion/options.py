@@ -13,6 +13,7 @@ from path_hf import PaTHLlamaConfig
 from path_hf.arguments import DTYPES, check_choices
 from path_hf.configuration_path_llama import PATH_INITS, ROPE_MODES
 from path_hf.errors import ConversionError
+from path_hf.evaluation.retrieval_heads import RETRIEVAL_DEPTHS, RETRIEVAL_TRIALS
 
 # --verify: the largest max |logits - source logits| / std(source logits), both models in float64 with the
 # transforms at identity. Rounding gives ~1e-14 (SmolLM2); one tensor perturbed by 1e-3 of its RMS gives 3e-4 to
@@ -177,7 +178,8 @@ class ConvertOptions:
             "help": "instead of --layers: make the N layers where the source retrieves from far back the PaTH layers, "
             "measured before converting (path_hf.evaluation.retrieval_heads: the source runs on passkey prompts of "
             "--retrieval-length tokens, and the layers whose strongest head puts the most attention on the passkey "
-            "when the key is written are kept). Load the whole source, one forward pass a prompt (4 prompts). With "
+            "when the key is written are kept). Load the whole source, one forward pass a prompt "
+            f"({RETRIEVAL_TRIALS * len(RETRIEVAL_DEPTHS)} prompts). With "
             "--local-window the other layers become local: the hybrid retrieves past its window only through these",
         },
     )
@@ -185,8 +187,9 @@ class ConvertOptions:
         default=None,
         metadata={
             "metavar": "TOKENS",
-            "help": "the passkey prompts' length of --retrieval-layers; the needles sit 90%% and 50%% of it back "
-            f"(default: the source's training context, at most {RETRIEVAL_LENGTH})",
+            "help": "the passkey prompts' length of --retrieval-layers; the needles sit "
+            + " and ".join(f"{1 - depth:.0%}".replace("%", "%%") for depth in RETRIEVAL_DEPTHS)
+            + f" of it back (default: the source's training context, at most {RETRIEVAL_LENGTH})",
         },
     )
     local_window: int | None = field(
