@@ -45,6 +45,7 @@ from transformers.dynamic_module_utils import get_relative_import_files
 from path_hf import ops
 
 METHODS = ("sdpa", "path")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MODES = ("fwd", "fwd+bwd")
 RECOMPUTE = {"auto": None, "on": True, "off": False}
 # On a shared 2-core machine two OpenMP threads stall whenever another process holds a core: we saw 10x
@@ -75,12 +76,24 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-def make_inputs(case: Case, heads: int, head_dim: int, requires_grad: bool) -> dict[str, torch.Tensor]:
-    """Projection outputs [B=1, T, H, D] as a layer would hand them to attention."""
+def make_inputs(
+    case: Case,
+    heads: int,
+    head_dim: int,
+    requires_grad: bool,
+    gate_bias: float | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, torch.Tensor]:
+    """Projection outputs [B=1, T, H, D] in `dtype` as a layer would hand them to attention; with `gate_bias`, PaTH
+    also gets the forget gate's logits (PaTH-FoX), drawn from N(gate_bias, 1)."""
     gen = torch.Generator().manual_seed(0)
     shape = (1, case.seq_len, heads, head_dim)
     names = ["q", "k", "v"] + (["w", "b"] if case.method.startswith("path") else [])
-    inputs = {n: torch.randn(shape if n != "b" else shape[:3], generator=gen) for n in names}
+    names += ["g"] if case.method.startswith("path") and gate_bias is not None else []
+    inputs = {n: torch.randn(shape if n not in "bg" else shape[:3], generator=gen) for n in names}
+    if "g" in inputs:
+        inputs["g"] += gate_bias
+    inputs = {n: t.to(dtype) for n, t in inputs.items()}
     for t in inputs.values():
         t.requires_grad_(requires_grad)
     return inputs
@@ -96,7 +109,7 @@ def make_step(case: Case, inputs: dict[str, torch.Tensor]) -> Callable[[], objec
         def forward() -> torch.Tensor:
             angles = torch.arange(case.seq_len, dtype=torch.float32)[:, None] * inv_freq
             emb = torch.cat((angles, angles), dim=-1)[None, :, None, :]
-            cos, sin = emb.cos(), emb.sin()
+            cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
             qr, kr = rope(q, cos, sin), rope(k, cos, sin)
             qr, kr, vt = (x.transpose(1, 2) for x in (qr, kr, v))  # SDPA wants [B, H, T, D]
             return F.scaled_dot_product_attention(qr, kr, vt, is_causal=True).transpose(1, 2)
@@ -108,10 +121,13 @@ def make_step(case: Case, inputs: dict[str, torch.Tensor]) -> Callable[[], objec
         # `recompute` only when asked: path_attention had none before issue 11
         options = {} if case.recompute == "auto" else {"recompute": RECOMPUTE[case.recompute]}
 
+        g_raw = inputs.get("g")
+
         def forward() -> torch.Tensor:
             w = F.normalize(w_raw, dim=-1)
             beta = 2 * torch.sigmoid(b_raw)  # in (0, 2)
-            o, _ = path_attention(q, k, v, w, beta, backend="torch", chunk_size=case.chunk_size, **options)
+            g = None if g_raw is None else F.logsigmoid(g_raw)  # log forget gate, as PaTH-FoX computes it
+            o, _ = path_attention(q, k, v, w, beta, g, backend="torch", chunk_size=case.chunk_size, **options)
             return o
 
     if case.mode == "fwd":
@@ -139,7 +155,10 @@ def make_step(case: Case, inputs: dict[str, torch.Tensor]) -> Callable[[], objec
 
 def time_interleaved(cases: list[Case], args: argparse.Namespace) -> list[list[float]]:
     """Seconds per step of each case; repetitions alternate between cases so background load hits all alike."""
-    steps = [make_step(c, make_inputs(c, args.heads, args.head_dim, requires_grad=c.mode != "fwd")) for c in cases]
+    steps = [
+        make_step(c, make_inputs(c, args.heads, args.head_dim, c.mode != "fwd", args.gate_bias, DTYPES[args.dtype]))
+        for c in cases
+    ]
     for step in steps:
         for _ in range(args.warmup):
             step()
@@ -156,9 +175,11 @@ def _status_mib(key: str) -> float:
     return int(re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1)) / 1024
 
 
-def measure_memory_here(case: Case, heads: int, head_dim: int) -> dict[str, float]:
+def measure_memory_here(
+    case: Case, heads: int, head_dim: int, gate_bias: float | None, dtype: torch.dtype
+) -> dict[str, float]:
     """Peak resident memory of one step above the resident size once inputs exist (Linux only)."""
-    step = make_step(case, make_inputs(case, heads, head_dim, requires_grad=case.mode != "fwd"))
+    step = make_step(case, make_inputs(case, heads, head_dim, case.mode != "fwd", gate_bias, dtype))
     step()  # first-call allocations (kernel caches, thread pools) are not the op's working memory
     baseline = _status_mib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
@@ -170,6 +191,7 @@ def measure_memory(cases: list[Case], args: argparse.Namespace) -> list[dict[str
     """Runs measure_memory_here for each case, one after another, in one fresh subprocess."""
     cmd = [sys.executable, __file__, "--memory-cases", ",".join(c.spec() for c in cases), "--heads", str(args.heads)]
     cmd += ["--head-dim", str(args.head_dim), "--threads", str(args.threads)]
+    cmd += ["--dtype", args.dtype] + ([] if args.gate_bias is None else ["--gate-bias", str(args.gate_bias)])
     # A fixed mmap threshold turns off glibc's adaptive one, which after a warm-up step would serve the measured
     # step from heap memory that is already resident (we saw SDPA's extra memory read as 0 MiB).
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
@@ -297,6 +319,18 @@ def main() -> None:
         "--checkpointed-seq-lens", type=parse_ints, default=[], help="gradient-checkpointed fwd+bwd, e.g. 1024,2048"
     )
     parser.add_argument("--ops-before", metavar="COMMIT", help="also time path_hf.ops as it was at COMMIT")
+    parser.add_argument(
+        "--gate-bias",
+        type=float,
+        help="PaTH-FoX: PaTH also takes log forget gates logsigmoid(N(GATE_BIAS, 1)) (default: no gate)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default="float32",
+        help="dtype of the inputs; in bfloat16, PaTH's inference walk multiplies in bfloat16 where the CPU does it "
+        "natively (path_hf.ops_chunk.walk_product_dtype)",
+    )
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
@@ -308,13 +342,16 @@ def main() -> None:
 
     if args.memory_cases:
         cases = [Case.parse(spec) for spec in args.memory_cases.split(",")]
-        print(json.dumps([measure_memory_here(case, args.heads, args.head_dim) for case in cases]))
+        dtype = DTYPES[args.dtype]
+        print(json.dumps([measure_memory_here(c, args.heads, args.head_dim, args.gate_bias, dtype) for c in cases]))
         return
 
     info = machine_info(args.threads)
     print(f"# PaTH attention (torch backend) vs RoPE + SDPA on CPU: {info['cpu']}, {info['nproc']} cores,")
-    print(f"# torch {info['torch']}, torch.set_num_threads({args.threads}), fp32, B=1, H=HQ={args.heads},")
+    print(f"# torch {info['torch']}, torch.set_num_threads({args.threads}), {args.dtype}, B=1, H=HQ={args.heads},")
     print(f"# D={args.head_dim}, chunk_size={args.chunk_size}; median of {args.reps} after {args.warmup} warm-up.")
+    if args.gate_bias is not None:
+        print(f"# PaTH-FoX: PaTH takes log forget gates logsigmoid(N({args.gate_bias}, 1)); SDPA+RoPE no gate.")
     if args.memory:
         print("# Memory: extra peak RSS of one step over RSS after inputs exist and one warm-up step (measured")
         print("# in a separate process with MALLOC_MMAP_THRESHOLD_=65536, so freed tensors leave the resident set).")

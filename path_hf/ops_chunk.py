@@ -16,9 +16,12 @@ A flat file, as `ops.py` explains: a checkpoint's remote code copies it beside t
 
 from __future__ import annotations
 
+import functools
+import math
 import weakref
 from dataclasses import dataclass
 from itertools import pairwise
+from pathlib import Path
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -28,6 +31,22 @@ from torch.autograd.function import once_differentiable
 # otherwise (`recompute`).
 _STEPS_PER_CHECKPOINT = 8
 _CHECKPOINT_ABOVE_BYTES = 32 * 2**20
+
+
+def _exp_(x: torch.Tensor) -> torch.Tensor:
+    """exp of `x` in place, `x` first raised to the least argument whose exp is a normal number of its dtype.
+
+    PyTorch's vectorised CPU exp takes a slow path, 8-40x slower, on arguments whose exp underflows (BENCHMARKS.md),
+    and a softmax meets many: masked (-inf) logits and keys gated far below the row's maximum. Raised, each adds at
+    most e times the dtype's smallest normal number (3.2e-38 in float32) to a sum whose largest term is 1.
+    """
+    return x.clamp_min_(_EXP_FLOOR[x.dtype]).exp_()
+
+
+# An argument whose exp is a normal number, one above the least (whose exp rounds below it in float32), for each
+# compute dtype (`_chunk_inputs` computes in float32 or wider).
+_EXP_FLOOR = {dtype: math.log(torch.finfo(dtype).tiny) + 1 for dtype in (torch.float32, torch.float64)}
+
 
 # The values of the cu_seqlens seen last: (weak reference to the tensor, its version counter, its values).
 _cu_seqlens_on_host: tuple[weakref.ref, int | None, list[int]] | None = None
@@ -286,7 +305,7 @@ def _softmax_walk(
     N, v = chunks.n_chunks, chunks.v
     s = _masked_logits(chunks, logits, queries=slice(None), keys=slice(None))
     m_out = s.amax(-1, keepdim=True)
-    acc_out = torch.exp(s - m_out) @ v  # the ones column of v makes the last column the softmax denominator
+    acc_out = _exp_(s - m_out) @ v  # the ones column of v makes the last column the softmax denominator
     # acc and m view the rows of query chunks d ... N - 1, updated in place: chunk d is complete after step d.
     acc, m, k_run, saved = acc_out, m_out, k_walk[: N - 1], []
     for d in range(1, last_step + 1):
@@ -295,12 +314,67 @@ def _softmax_walk(
             saved.append(k_run)
         s = _masked_logits(chunks, q_walk[d:] @ k_run.transpose(-1, -2), queries=slice(d, N), keys=slice(0, N - d))
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-        acc.mul_(torch.exp(m - m_new)).add_(s.sub_(m_new).exp_() @ v[: N - d])
+        acc.mul_(_exp_(m - m_new)).add_(_exp_(s.sub_(m_new)) @ v[: N - d])
         m.copy_(m_new)
         if d < last_step:
             k_run = _next_keys(k_run, p_walk, d)
     denominator = acc_out[..., -1:]
     return acc_out[..., :-1] / denominator, m_out + denominator.log(), saved
+
+
+def _softmax_walk_low(
+    chunks: _ChunkedInputs,
+    logits: torch.Tensor,
+    q_start: torch.Tensor,
+    k_end: torch.Tensor,
+    p: torch.Tensor,
+    *,
+    last_step: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """`_softmax_walk`'s output for inference, with the walk's score and value products in `dtype` (bfloat16).
+
+    The products take their inputs in `dtype` and accumulate in float32 (their outputs are rounded to `dtype`); the
+    softmax, its running sums, the diagonal blocks (`logits`, gated) and the running keys' moves through P stay in the
+    compute dtype. So does the gate: its cumulative values reach tens, which bfloat16 would round to whole units, so it
+    is added to each block's scores, not folded into the product (`_fold_gate`).
+    """
+    N, G, C, v = chunks.n_chunks, chunks.group, chunks.chunk_size, chunks.v
+    s = _masked_logits(chunks, logits, queries=slice(None), keys=slice(None))
+    m_out = s.amax(-1, keepdim=True)
+    acc_out = _exp_(s - m_out) @ v  # the ones column of v makes the last column the softmax denominator
+    q_low, v_low = q_start.to(dtype), v.to(dtype)
+    gate_q = None if chunks.gate is None else chunks.gate.flatten(-2)[..., None]  # [N, B, H, G * C, 1]: G_i
+    acc, m, k_run = acc_out, m_out, k_end[: N - 1]
+    for d in range(1, last_step + 1):
+        acc, m = acc[1:], m[1:]
+        s = (q_low[d:] @ k_run.to(dtype).transpose(-1, -2)).to(acc.dtype)
+        if gate_q is not None:  # + G_i - G_j
+            s.add_(gate_q[d:]).unflatten(-2, (G, C)).sub_(chunks.gate[: N - d, ..., None, :])
+        s = _masked_logits(chunks, s, queries=slice(d, N), keys=slice(0, N - d))
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        acc.mul_(_exp_(m - m_new)).add_(_exp_(s.sub_(m_new)).to(dtype) @ v_low[: N - d])
+        m.copy_(m_new)
+        if d < last_step:
+            k_run = _next_keys(k_run, p, d)
+    return acc_out[..., :-1] / acc_out[..., -1:]
+
+
+@functools.cache
+def _cpu_multiplies_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX), from Linux's /proc/cpuinfo flags."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def walk_product_dtype(q: torch.Tensor, requires_grad: bool) -> torch.dtype | None:
+    """The default `product_dtype` of `chunk_path_attention`: bfloat16 for bfloat16 queries on a CPU that multiplies
+    bfloat16 natively, in inference (where it is measured faster: BENCHMARKS.md); else None, the compute dtype."""
+    fast = q.device.type == "cpu" and q.dtype == torch.bfloat16 and _cpu_multiplies_bf16()
+    return torch.bfloat16 if fast and not requires_grad else None
 
 
 class _InterChunkSoftmax(torch.autograd.Function):
@@ -324,7 +398,7 @@ class _InterChunkSoftmax(torch.autograd.Function):
         dq, dk, dp, dv = (torch.zeros_like(x) for x in (q_walk, k_walk, p_walk, v))
 
         def logits_grad(s: torch.Tensor, queries: slice, keys: slice) -> torch.Tensor:
-            prob = torch.exp(s - lse[queries])
+            prob = _exp_(s - lse[queries])
             dv[keys, ..., :-1] += prob.transpose(-1, -2) @ do[queries]
             return prob * (do[queries] @ values[keys].transpose(-1, -2) - delta[queries])
 
@@ -374,11 +448,12 @@ def _inter_chunk(
     last_step: int,
     requires_grad: bool,
     recompute: bool | None,
+    product_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The output of the softmax over every visible key, [N, B, H, G * C, DV].
 
     `last_step` is the last block diagonal walked (`_last_step`); `requires_grad`: whether autograd will call for
-    gradients; `recompute` is `path_attention`'s.
+    gradients; `recompute` is `path_attention`'s; `product_dtype` (inference only) is `chunk_path_attention`'s.
     """
     N, C = chunks.n_chunks, chunks.chunk_size
     gate_q = None
@@ -386,6 +461,8 @@ def _inter_chunk(
         gate_q = chunks.gate.flatten(-2)[..., None]  # [N, B, H, G * C, 1]: G_i of each query row
         gate_k = chunks.gate[..., None, :]  # [N, B, H, G, 1, C]: G_j of each key, per query head
         logits = logits + gate_q - _chunk_rows(gate_k.expand(-1, -1, -1, -1, C, -1))
+    if not requires_grad and product_dtype not in (None, p.dtype):
+        return _softmax_walk_low(chunks, logits, q_start, k_end, p, last_step=last_step, dtype=product_dtype)
     q_walk, k_walk, p_walk = _fold_gate(chunks, gate_q=gate_q, q_start=q_start, k_end=k_end, p=p)
     if not requires_grad:
         return _softmax_walk(chunks, logits, q_walk, k_walk, p_walk, last_step=last_step, keep_keys=False)[0]
@@ -462,15 +539,19 @@ def chunk_path_attention(
     chunk_size: int = 64,
     return_k_cache: bool = False,
     recompute: bool | None = None,
+    product_dtype: torch.dtype | None | str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The torch backend: `path_attention`'s arguments (checked there, `scale` given) and outputs.
 
     Computes in q's dtype promoted to at least fp32. `path_attention` calls it with autocast off, which would run the
-    matmuls in bf16.
+    matmuls in bf16. In inference, `product_dtype` (a dtype, None for the compute dtype, or "auto":
+    `walk_product_dtype`) is the input dtype of the walk's score and value products (`_softmax_walk_low`).
     """
     B, T, HQ = q.shape[:3]
     DV = v.shape[-1]
-    requires_grad = any(x is not None and x.requires_grad for x in (q, k, v, w, beta, g))
+    requires_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, w, beta, g))
+    if product_dtype == "auto":
+        product_dtype = walk_product_dtype(q, requires_grad)
     chunks = _chunk_inputs(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
     q_start, logits, k_end, p = _intra_chunk(chunks)
     o = _inter_chunk(
@@ -480,8 +561,9 @@ def chunk_path_attention(
         k_end=k_end,
         p=p,
         last_step=_last_step(cu_seqlens, n_chunks=chunks.n_chunks, chunk_size=chunk_size),
-        requires_grad=torch.is_grad_enabled() and requires_grad,
+        requires_grad=requires_grad,
         recompute=recompute,
+        product_dtype=product_dtype,
     )
     o = o.unflatten(-2, (chunks.group, chunk_size))
     o = o.transpose(-2, -3)  # [N, B, H, C, G, DV]

@@ -2,6 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from path_hf import ops_chunk
 from path_hf.ops import naive_path_attention, path_attention, resolve_backend
 from tests.ops.path_reference import (
     assert_close,
@@ -10,6 +11,7 @@ from tests.ops.path_reference import (
     make_inputs,
     path_attention_reference,
     path_scores_reference,
+    relative_error,
 )
 
 
@@ -382,3 +384,68 @@ def test_error_cu_seqlens_not_a_tensor():
 def test_error_chunk_size():
     with pytest.raises(ValueError, match="chunk_size must be a positive integer, got 0"):
         path_attention(**error_inputs(), backend="torch", chunk_size=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_exp_floor(dtype):
+    """`_exp_` is exp wherever exp is a normal number above e * tiny, and that floor's exp below: never subnormal
+    (PyTorch's CPU exp is 8-40x slower on arguments whose exp underflows)."""
+    floor = ops_chunk._EXP_FLOOR[dtype]
+    x = torch.tensor([float("-inf"), -1e4, floor - 1, floor, floor + 1, -50.0, 0.0, 3.0], dtype=dtype)
+    out = ops_chunk._exp_(x.clone())
+    expected = torch.where(x > floor, x.exp(), torch.tensor(floor, dtype=dtype).exp())
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert (out >= torch.finfo(dtype).tiny).all()
+    assert out[2] <= torch.finfo(dtype).tiny * 3  # what a masked or far-gated key adds: nothing a softmax can see
+
+
+@pytest.mark.parametrize(
+    ("HQ", "H", "gate", "cu_seqlens"),
+    [(4, 2, True, None), (2, 2, False, None), (4, 2, True, [0, 300, 1024])],
+    ids=["gqa-gate", "mha", "gqa-gate-packed"],
+)
+def test_bf16_walk_products_bounded_by_sdpa_in_bf16(HQ, H, gate, cu_seqlens):
+    """The inference walk with its score and value products in bfloat16 (`product_dtype`) is no further from the
+    exact output than PyTorch's SDPA in bfloat16 is from its own, on the same bfloat16-rounded q, k and v."""
+    T, D = 1024, 32
+    x = {n: None if t is None else t.detach() for n, t in make_inputs(1, T, HQ, H, D, gate=gate, seed=5).items()}
+    for name in ("q", "k", "v"):
+        x[name] = x[name].to(torch.bfloat16).double()
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens)
+    with torch.no_grad():
+        exact = ops_chunk.chunk_path_attention(**x, scale=D**-0.5, cu_seqlens=cu, product_dtype=None)[0]
+        x32 = {n: None if t is None else t.float() for n, t in x.items()}
+        low = ops_chunk.chunk_path_attention(**x32, scale=D**-0.5, cu_seqlens=cu, product_dtype=torch.bfloat16)[0]
+        fp32 = ops_chunk.chunk_path_attention(**x32, scale=D**-0.5, cu_seqlens=cu, product_dtype=None)[0]
+        q, k, v = (x[n].transpose(1, 2) for n in ("q", "k", "v"))
+        k, v = (t.repeat_interleave(HQ // H, 1) for t in (k, v))
+        sdpa_exact = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        sdpa_bf16 = F.scaled_dot_product_attention(*(t.bfloat16() for t in (q, k, v)), is_causal=True)
+    assert low.dtype == torch.float32
+    bound = relative_error(sdpa_exact, sdpa_bf16)
+    assert relative_error(exact, low) <= bound
+    assert relative_error(exact, fp32) < bound / 100  # the bfloat16 walk did run, and it is what costs the error
+
+
+def test_walk_product_dtype_policy(monkeypatch):
+    """bfloat16 products only for bfloat16 queries on a CPU that multiplies bfloat16 natively, and only in inference;
+    `path_attention` follows the policy."""
+    x = {n: None if t is None else t.detach() for n, t in make_inputs(1, 200, 2, 2, 16, gate=True, seed=2).items()}
+    low = {
+        n: None if t is None else t.to(torch.bfloat16 if n in ("q", "k", "v") else torch.float32) for n, t in x.items()
+    }
+    with torch.no_grad():
+        outputs = {
+            dtype: ops_chunk.chunk_path_attention(**low, scale=0.25, chunk_size=32, product_dtype=dtype)[0]
+            for dtype in (None, torch.bfloat16)
+        }
+    assert not torch.equal(outputs[None], outputs[torch.bfloat16])
+    for native in (False, True):
+        monkeypatch.setattr(ops_chunk, "_cpu_multiplies_bf16", lambda native=native: native)
+        expected = torch.bfloat16 if native else None
+        assert ops_chunk.walk_product_dtype(low["q"], requires_grad=False) == expected
+        assert ops_chunk.walk_product_dtype(low["q"], requires_grad=True) is None
+        assert ops_chunk.walk_product_dtype(low["q"].float(), requires_grad=False) is None
+        with torch.no_grad():
+            out = path_attention(**low, scale=0.25, chunk_size=32, backend="torch")[0]
+        assert torch.equal(out, outputs[expected])
