@@ -16,12 +16,10 @@ A flat file, as `ops.py` explains: a checkpoint's remote code copies it beside t
 
 from __future__ import annotations
 
-import functools
 import math
 import weakref
 from dataclasses import dataclass
 from itertools import pairwise
-from pathlib import Path
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -360,20 +358,16 @@ def _softmax_walk_low(
     return acc_out[..., :-1] / acc_out[..., -1:]
 
 
-@functools.cache
-def _cpu_multiplies_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX), from Linux's /proc/cpuinfo flags."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+def cpu_multiplies_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AMX or AVX-512 BF16): there bfloat16 products run several times
+    faster than float32 ones; without them PyTorch emulates bfloat16, slower than float32."""
+    return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
 
 
 def walk_product_dtype(q: torch.Tensor, requires_grad: bool) -> torch.dtype | None:
     """The default `product_dtype` of `chunk_path_attention`: bfloat16 for bfloat16 queries on a CPU that multiplies
     bfloat16 natively, in inference (where it is measured faster: BENCHMARKS.md); else None, the compute dtype."""
-    fast = q.device.type == "cpu" and q.dtype == torch.bfloat16 and _cpu_multiplies_bf16()
+    fast = q.device.type == "cpu" and q.dtype == torch.bfloat16 and cpu_multiplies_bf16()
     return torch.bfloat16 if fast and not requires_grad else None
 
 

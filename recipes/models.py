@@ -25,6 +25,7 @@ from path_hf.conversion.loading import load_causal_lm, load_config
 from path_hf.conversion.options import RUN_OPTIONS, ConvertOptions
 from path_hf.errors import ConversionError, RecipeError, first_line
 from path_hf.modeling_path_llama import FORGET_GATE_MODULES, LAYER_PARAMETER, PATH_MODULES
+from path_hf.ops_chunk import cpu_multiplies_bf16
 from path_hf.recipes.arguments import ModelArguments, RecipeConfig, Stage, TrainingArguments
 
 
@@ -167,7 +168,7 @@ def fast_bfloat16(device: torch.device) -> bool:
     a CPU with AMX or AVX-512 BF16 (without them a CPU emulates bfloat16, several times slower than float32)."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and (torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+    return device.type == "cpu" and cpu_multiplies_bf16()
 
 
 def teacher_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -441,7 +441,7 @@ def test_walk_product_dtype_policy(monkeypatch):
         }
     assert not torch.equal(outputs[None], outputs[torch.bfloat16])
     for native in (False, True):
-        monkeypatch.setattr(ops_chunk, "_cpu_multiplies_bf16", lambda native=native: native)
+        monkeypatch.setattr(ops_chunk, "cpu_multiplies_bf16", lambda native=native: native)
         expected = torch.bfloat16 if native else None
         assert ops_chunk.walk_product_dtype(low["q"], requires_grad=False) == expected
         assert ops_chunk.walk_product_dtype(low["q"], requires_grad=True) is None
