@@ -121,8 +121,8 @@ class _ChunkedInputs:
     q: torch.Tensor  # [N, B, H, G * C, D]: the G query heads of key head h as G * C rows, scale folded in
     k: torch.Tensor  # [N, B, H, C, D]
     v: torch.Tensor  # [N, B, H, C, DV + 1]: a ones column last
-    w: torch.Tensor  # [N, B, H, C, D]
-    beta: torch.Tensor  # [N, B, H, C], 0 past T: padded tokens transform nothing
+    w: torch.Tensor | None  # [N, B, H, C, D]; None once merged (`_merge_chunks`)
+    beta: torch.Tensor | None  # [N, B, H, C], 0 past T: padded tokens transform nothing; None once merged
     gate: torch.Tensor | None  # [N, B, H, G, C]: scale * G_i (cumulative log gate per sequence); None without g
     segment: torch.Tensor | None  # [N, C]: sequence index of each position (-1 past T); None without cu_seqlens
     causal: torch.Tensor  # [C, C] bool, lower triangle
@@ -148,12 +148,14 @@ def _chunk_inputs(
     scale: float,
     cu_seqlens: torch.Tensor | None,
     chunk_size: int,
+    chunks_multiple: int = 1,
 ) -> _ChunkedInputs:
-    """`path_attention`'s inputs [B, T, ...] cut into chunks of `chunk_size` tokens, and the masks."""
+    """`path_attention`'s inputs [B, T, ...] cut into chunks of `chunk_size` tokens, and the masks; the number of
+    chunks a multiple of `chunks_multiple` (padding chunks at the end)."""
     B, T, HQ, D = q.shape
     H = k.shape[2]
     G, C = HQ // H, chunk_size
-    N = -(-T // C)
+    N = -(-T // (C * chunks_multiple)) * chunks_multiple
     dtype = torch.promote_types(q.dtype, torch.float32)
 
     # GQA: the G query heads of a key head become G * C rows of each chunk, so one matmul serves them all.
@@ -214,6 +216,47 @@ def _intra_chunk(chunks: _ChunkedInputs) -> tuple[torch.Tensor, torch.Tensor, to
     q_start = chunks.q - qw @ u
     logits = chunks.q @ chunks.k.transpose(-1, -2) - qw @ c
     return q_start, logits, k_end, p
+
+
+def _merge_chunks(
+    chunks: _ChunkedInputs, q_start: torch.Tensor, logits: torch.Tensor, k_end: torch.Tensor, p: torch.Tensor
+) -> tuple[_ChunkedInputs, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_intra_chunk`'s outputs for chunks twice as long, from those of each pair of chunks (a, b) (N even).
+
+    The walk then moves each key through one P per 2C tokens, not per C: its products through P cost C * D^2 per
+    block of C x C scores, so doubling the walk's blocks halves their share (D / C of the score and value products at
+    C = 64) and halves the walk's steps. The UT transform stays at C, where its triangular solve is cheap. For the
+    pair: P = P_b P_a, the keys of a move on through P_b, the queries of b move back through P_a, and the diagonal
+    block gains the logits of b's queries on a's keys, q~_b . k~_a (adjacent chunks: no P between them); a's queries
+    on b's keys are masked by the causal mask of the longer chunk. The walk needs neither the raw k, w nor beta: None.
+    """
+    N, G, C = chunks.n_chunks, chunks.group, chunks.chunk_size
+
+    def pairs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.unflatten(0, (N // 2, 2)).unbind(1)
+
+    def rows(x: torch.Tensor) -> torch.Tensor:  # [.., G * C, X] -> [.., G, C, X]
+        return x.unflatten(-2, (G, C))
+
+    (q_a, q_b), (l_a, l_b), (k_a, k_b), (p_a, p_b) = pairs(q_start), pairs(logits), pairs(k_end), pairs(p)
+    cross = rows(q_b @ k_a.transpose(-1, -2))
+    top = torch.cat([rows(l_a), torch.zeros_like(cross)], -1)  # a's queries: b's keys are masked (causal)
+    merged_logits = torch.cat([top, torch.cat([cross, rows(l_b)], -1)], -2).flatten(-3, -2)
+    merged_q = torch.cat([rows(q_a), rows(q_b @ p_a)], -2).flatten(-3, -2)
+    merged_k = torch.cat([k_a @ p_b.transpose(-1, -2), k_b], -2)
+    v_a, v_b = pairs(chunks.v)
+    merged = _ChunkedInputs(
+        q=merged_q,
+        k=merged_k,
+        v=torch.cat([v_a, v_b], -2),
+        w=None,
+        beta=None,
+        gate=None if chunks.gate is None else torch.cat(pairs(chunks.gate), -1),
+        segment=None if chunks.segment is None else chunks.segment.reshape(N // 2, 2 * C),
+        causal=torch.ones(2 * C, 2 * C, dtype=torch.bool, device=chunks.causal.device).tril(),
+        group=G,
+    )
+    return merged, merged_q, merged_logits, merged_k, p_b @ p_a
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -424,6 +467,13 @@ class _InterChunkSoftmax(torch.autograd.Function):
         return d_logits, dq, dk, dp, dv, None, None, None
 
 
+def _walk_merges(length: int, chunk_size: int) -> int:
+    """How many times `_merge_chunks` doubles the walk's blocks: once where there is more than one chunk. Measured
+    on CPU (BENCHMARKS.md), blocks of 2 x 64 beat 64 (0.72-0.95x the time, forward and backward, T = 512 to 8192),
+    4 x 64 and 2 x 32 do not beat them, and one chunk of 128 does only from T = 8192 on."""
+    return 1 if length > chunk_size else 0
+
+
 def _last_step(cu_seqlens: torch.Tensor | None, n_chunks: int, chunk_size: int) -> int:
     """The last block diagonal with any visible key: N - 1, or fewer where no packed sequence spans N chunks."""
     if cu_seqlens is None:
@@ -534,32 +584,41 @@ def chunk_path_attention(
     return_k_cache: bool = False,
     recompute: bool | None = None,
     product_dtype: torch.dtype | None | str = "auto",
+    walk_merges: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The torch backend: `path_attention`'s arguments (checked there, `scale` given) and outputs.
 
     Computes in q's dtype promoted to at least fp32. `path_attention` calls it with autocast off, which would run the
     matmuls in bf16. In inference, `product_dtype` (a dtype, None for the compute dtype, or "auto":
-    `walk_product_dtype`) is the input dtype of the walk's score and value products (`_softmax_walk_low`).
+    `walk_product_dtype`) is the input dtype of the walk's score and value products (`_softmax_walk_low`). The walk
+    runs over blocks of `chunk_size * 2**walk_merges` tokens (`_merge_chunks`; None: `_walk_merges`).
     """
     B, T, HQ = q.shape[:3]
     DV = v.shape[-1]
     requires_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, w, beta, g))
     if product_dtype == "auto":
         product_dtype = walk_product_dtype(q, requires_grad)
-    chunks = _chunk_inputs(q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
+    merges = _walk_merges(T, chunk_size) if walk_merges is None else walk_merges
+    chunks = _chunk_inputs(
+        q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size, chunks_multiple=2**merges
+    )
     q_start, logits, k_end, p = _intra_chunk(chunks)
+    walk = (chunks, q_start, logits, k_end, p)
+    for _ in range(merges):
+        walk = _merge_chunks(*walk)
+    walk_chunks = walk[0]
     o = _inter_chunk(
-        chunks,
-        q_start=q_start,
-        logits=logits,
-        k_end=k_end,
-        p=p,
-        last_step=_last_step(cu_seqlens, n_chunks=chunks.n_chunks, chunk_size=chunk_size),
+        walk_chunks,
+        q_start=walk[1],
+        logits=walk[2],
+        k_end=walk[3],
+        p=walk[4],
+        last_step=_last_step(cu_seqlens, n_chunks=walk_chunks.n_chunks, chunk_size=walk_chunks.chunk_size),
         requires_grad=requires_grad,
         recompute=recompute,
         product_dtype=product_dtype,
     )
-    o = o.unflatten(-2, (chunks.group, chunk_size))
+    o = o.unflatten(-2, (chunks.group, walk_chunks.chunk_size))
     o = o.transpose(-2, -3)  # [N, B, H, C, G, DV]
     o = _from_chunks(o, T).reshape(B, T, HQ, DV).to(q.dtype)
     if not return_k_cache:

@@ -98,6 +98,7 @@ def test_torch_backend_gradients_with_and_without_recomputation(long_walk, recom
     from path_hf import ops_chunk
 
     monkeypatch.setattr(ops_chunk, "_CHECKPOINT_ABOVE_BYTES", 0 if long_walk else 2**62)
+    monkeypatch.setattr(ops_chunk, "_walk_merges", lambda length, chunk_size: 0)  # the walk over the 19 chunks
     calls = []
     next_keys = ops_chunk._next_keys
 
@@ -449,3 +450,32 @@ def test_walk_product_dtype_policy(monkeypatch):
         with torch.no_grad():
             out = path_attention(**low, scale=0.25, chunk_size=32, backend="torch")[0]
         assert torch.equal(out, outputs[expected])
+
+
+@pytest.mark.parametrize("merges", [0, 1, 2])
+@pytest.mark.parametrize("cu_seqlens", [None, [0, 50, 200, 333]], ids=["unpacked", "packed"])
+def test_walk_over_merged_chunks_vs_reference(merges, cu_seqlens):
+    """The walk over blocks of 2^merges chunks (`_merge_chunks`) gives the brute force's output, gradients and key
+    cache, GQA and gated, packed too; the chunks are padded to a multiple of 2^merges."""
+    T, HQ, H, D, C = 333, 4, 2, 16, 16
+    x = make_inputs(1, T, HQ, H, D, gate=True, seed=7)
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens)
+    do = torch.randn(1, T, HQ, D, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    bounds = [(0, T)] if cu_seqlens is None else list(zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True))
+    parts = [path_attention_reference(**{n: t[:, a:b] for n, t in x.items() if t is not None}) for a, b in bounds]
+    ref, ref_k_cache = (torch.cat(outputs, dim=1) for outputs in zip(*parts, strict=True))
+    names = [n for n, t in x.items() if t is not None]
+    ref_grads = dict(zip(names, torch.autograd.grad(ref, [x[n] for n in names], do), strict=True))
+    out, k_cache = ops_chunk.chunk_path_attention(
+        **x, scale=D**-0.5, cu_seqlens=cu, chunk_size=C, walk_merges=merges, return_k_cache=True
+    )
+    grads = dict(zip(ref_grads, torch.autograd.grad(out, [x[n] for n in ref_grads], do), strict=True))
+    assert_close("o", ref, out, 1e-10)
+    assert_close("k_cache", ref_k_cache, k_cache, 1e-10)
+    for name in ref_grads:
+        assert_close(f"d{name}", ref_grads[name], grads[name], 1e-10)
+
+
+def test_walk_merges_rule():
+    assert ops_chunk._walk_merges(64, 64) == 0  # one chunk: nothing to merge
+    assert ops_chunk._walk_merges(65, 64) == ops_chunk._walk_merges(32768, 64) == 1
