@@ -3,7 +3,8 @@
 
 Three steps, as FLA splits its chunked kernels:
 - intra-chunk transform (`_intra_chunk`): the UT transform of each chunk's Householder product, the logits within
-  a chunk and the queries moved back to their chunk's start;
+  a chunk and the queries moved back to their chunk's start; pairs of chunks are then merged into the walk's blocks
+  (`_merge_chunks`), so that the walk moves its keys once per two chunks;
 - inter-chunk walk (`_inter_chunk`): the block diagonals, one step each, with an online softmax, and its backward
   written out (`_InterChunkSoftmax`), which recomputes the running keys from every `_STEPS_PER_CHECKPOINT`-th step
   where keeping them all would take too much memory;
@@ -118,10 +119,10 @@ def _chunk_rows(x: torch.Tensor) -> torch.Tensor:
 class _ChunkedInputs:
     """The inputs cut into chunks, `[N, B, H, ...]` in the compute dtype, and what the steps mask with."""
 
-    q: torch.Tensor  # [N, B, H, G * C, D]: the G query heads of key head h as G * C rows, scale folded in
-    k: torch.Tensor  # [N, B, H, C, D]
+    q: torch.Tensor | None  # [N, B, H, G * C, D]: the G query heads of key head h as G * C rows, scale folded in
+    k: torch.Tensor  # [N, B, H, C, D]; once merged (`_merge_chunks`), the keys moved to their chunk's end
     v: torch.Tensor  # [N, B, H, C, DV + 1]: a ones column last
-    w: torch.Tensor | None  # [N, B, H, C, D]; None once merged (`_merge_chunks`)
+    w: torch.Tensor | None  # [N, B, H, C, D]; q, w and beta are None once merged: the walk needs none of them
     beta: torch.Tensor | None  # [N, B, H, C], 0 past T: padded tokens transform nothing; None once merged
     gate: torch.Tensor | None  # [N, B, H, G, C]: scale * G_i (cumulative log gate per sequence); None without g
     segment: torch.Tensor | None  # [N, C]: sequence index of each position (-1 past T); None without cu_seqlens
@@ -228,7 +229,7 @@ def _merge_chunks(
     C = 64) and halves the walk's steps. The UT transform stays at C, where its triangular solve is cheap. For the
     pair: P = P_b P_a, the keys of a move on through P_b, the queries of b move back through P_a, and the diagonal
     block gains the logits of b's queries on a's keys, q~_b . k~_a (adjacent chunks: no P between them); a's queries
-    on b's keys are masked by the causal mask of the longer chunk. The walk needs neither the raw k, w nor beta: None.
+    on b's keys are masked by the causal mask of the longer chunk.
     """
     N, G, C = chunks.n_chunks, chunks.group, chunks.chunk_size
 
@@ -246,7 +247,7 @@ def _merge_chunks(
     merged_k = torch.cat([k_a @ p_b.transpose(-1, -2), k_b], -2)
     v_a, v_b = pairs(chunks.v)
     merged = _ChunkedInputs(
-        q=merged_q,
+        q=None,
         k=merged_k,
         v=torch.cat([v_a, v_b], -2),
         w=None,
