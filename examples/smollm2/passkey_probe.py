@@ -46,6 +46,18 @@ from path_hf.evaluation.scoring import position_logits
 
 
 @contextlib.contextmanager
+def unmerged_walk() -> Iterator[None]:
+    """The torch backend's walk over its C-token chunks themselves, not over pairs of them (`_merge_chunks`): the
+    windows below count whole chunks of C."""
+    walk_merges = ops_chunk._walk_merges
+    ops_chunk._walk_merges = lambda length, chunk_size: 0
+    try:
+        yield
+    finally:
+        ops_chunk._walk_merges = walk_merges
+
+
+@contextlib.contextmanager
 def path_window(window: int) -> Iterator[None]:
     """The torch backend's PaTH attention cut to the last `window` tokens (rounded up to whole chunks) in the block."""
     last_step = ops_chunk._last_step
@@ -55,7 +67,8 @@ def path_window(window: int) -> Iterator[None]:
 
     ops_chunk._last_step = cut
     try:
-        yield
+        with unmerged_walk():
+            yield
     finally:
         ops_chunk._last_step = last_step
 
@@ -74,7 +87,8 @@ def path_window_sink(window: int) -> Iterator[None]:
 
     ops_chunk._masked_logits = cut
     try:
-        yield
+        with unmerged_walk():
+            yield
     finally:
         ops_chunk._masked_logits = masked_logits
 
