@@ -436,9 +436,10 @@ class _InterChunkSoftmax(torch.autograd.Function):
         dq, dk, dp, dv = (torch.zeros_like(x) for x in (q_walk, k_walk, p_walk, v))
 
         def logits_grad(s: torch.Tensor, queries: slice, keys: slice) -> torch.Tensor:
-            prob = _exp_(s - lse[queries])
+            # In place: `s` is always a tensor of its own here (the diagonal's masked copy, or a step's product).
+            prob = _exp_(s.sub_(lse[queries]))
             dv[keys, ..., :-1] += prob.transpose(-1, -2) @ do[queries]
-            return prob * (do[queries] @ values[keys].transpose(-1, -2) - delta[queries])
+            return (do[queries] @ values[keys].transpose(-1, -2)).sub_(delta[queries]).mul_(prob)
 
         every = slice(None)
         d_logits = logits_grad(_masked_logits(chunks, logits, every, every), every, every)
