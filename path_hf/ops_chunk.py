@@ -470,10 +470,14 @@ class _InterChunkSoftmax(torch.autograd.Function):
 
 
 def _walk_merges(length: int, chunk_size: int) -> int:
-    """How many times `_merge_chunks` doubles the walk's blocks: once where there is more than one chunk. Measured
-    on CPU (BENCHMARKS.md), blocks of 2 x 64 beat 64 (0.72-0.95x the time, forward and backward, T = 512 to 8192),
-    4 x 64 and 2 x 32 do not beat them, and one chunk of 128 does only from T = 8192 on."""
-    return 1 if length > chunk_size else 0
+    """How many times `_merge_chunks` doubles the walk's blocks: once for sequences of more than `_MERGE_ABOVE`
+    chunks, else never. Measured on CPU, one thread (BENCHMARKS.md): blocks of 2 x 64 took 1.18x / 1.09x the time of
+    blocks of 64 at T = 512 (forward / forward+backward), 1.04x / 0.98x at 1024, 0.87x / 0.87x at 2048 and
+    0.79x / 0.77x at 8192; 4 x 64 and 2 x 32 did not beat 2 x 64."""
+    return 1 if length > _MERGE_ABOVE * chunk_size else 0
+
+
+_MERGE_ABOVE = 16
 
 
 def _last_step(cu_seqlens: torch.Tensor | None, n_chunks: int, chunk_size: int) -> int:

@@ -474,9 +474,8 @@ def test_gradient_checkpointing_keeps_the_walks_keys(monkeypatch):
     monkeypatch.setattr(ops_chunk, "_softmax_walk", counting("walks", softmax_walk))
     monkeypatch.setattr(ops_chunk, "_next_keys", counting("key steps", next_keys))
     model = tiny_model().train()
-    ids = random_tokens(
-        1, 400
-    )  # walk blocks of 2 x 64 (`_merge_chunks`): 4, steps 1-3, one segment; 2 key steps a walk
+    # 4 chunks of 64 (too few to merge, `_walk_merges`): steps 1-3 of the walk, one segment; 2 key steps a walk
+    ids = random_tokens(1, 200)
 
     def walks_and_grads():
         counts.update(dict.fromkeys(counts, 0))

@@ -477,5 +477,6 @@ def test_walk_over_merged_chunks_vs_reference(merges, cu_seqlens):
 
 
 def test_walk_merges_rule():
-    assert ops_chunk._walk_merges(64, 64) == 0  # one chunk: nothing to merge
-    assert ops_chunk._walk_merges(65, 64) == ops_chunk._walk_merges(32768, 64) == 1
+    above = ops_chunk._MERGE_ABOVE * 64
+    assert ops_chunk._walk_merges(64, 64) == ops_chunk._walk_merges(above, 64) == 0
+    assert ops_chunk._walk_merges(above + 1, 64) == ops_chunk._walk_merges(32768, 64) == 1
