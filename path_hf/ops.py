@@ -154,8 +154,8 @@ def path_attention(
         `k_cache_j = H_e ... H_{j+1} k_j`, e the last position of j's sequence. Both backends accumulate in fp32
         whatever the input dtypes, under `torch.autocast` too. In inference on a CPU that multiplies bfloat16
         natively (AVX-512 BF16, AMX), the torch backend takes bfloat16 q as FLA's kernels do: the score and value
-        products of its walk multiply in bfloat16 and accumulate in fp32, no further from the exact output than SDPA
-        in bfloat16 (`ops_chunk.walk_product_dtype`; tests/ops/test_path_attention.py).
+        products of its walk multiply in bfloat16 and accumulate in fp32, with about the error of SDPA in bfloat16
+        on the same q, k, v (`ops_chunk.walk_product_dtype`; tests/ops/test_path_attention.py, BENCHMARKS.md).
     """
     _check_inputs(q, k, v, w, beta, g, cu_seqlens=cu_seqlens)
     if chunk_size < 1:
