@@ -35,7 +35,7 @@ _CHECKPOINT_ABOVE_BYTES = 32 * 2**20
 def _exp_(x: torch.Tensor) -> torch.Tensor:
     """exp of `x` in place, `x` first raised to the least argument whose exp is a normal number of its dtype.
 
-    PyTorch's vectorised CPU exp takes a slow path, 8-40x slower, on arguments whose exp underflows (BENCHMARKS.md),
+    PyTorch's vectorised CPU exp takes a slow path, 5-65x slower, on arguments whose exp underflows (bench/exp_cpu.py),
     and a softmax meets many: masked (-inf) logits and keys gated far below the row's maximum. Raised, each adds at
     most e times the dtype's smallest normal number (3.2e-38 in float32) to a sum whose largest term is 1.
     """
@@ -336,15 +336,29 @@ def _softmax_walk(
     p_walk: torch.Tensor,
     *,
     last_step: int,
-    keep_keys: bool,
+    keep_keys: bool | None,
+    product_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """The softmax over every visible key, without autograd: the diagonal blocks (`logits`, gated, not masked), then
     the block diagonals 1 ... `last_step` of the walk.
 
+    With `product_dtype` (bfloat16; inference), the walk's score and value products take their inputs in it and
+    accumulate in float32 (their outputs are rounded to it); the softmax, its running sums, the diagonal blocks and
+    the running keys' moves through P stay in the compute dtype. So does the gate: its cumulative values reach tens,
+    which bfloat16 would round to whole units, so q_walk, k_walk and p_walk come without it (`_fold_gate` not
+    applied) and it is added to each block's scores.
+
     Returns the output o [N, B, H, G * C, DV], the row log-sum-exp [N, B, H, G * C, 1] and the running keys a
-    backward starts from: those of every step (`keep_keys`), or of the first step of each segment (`_segments`).
+    backward starts from: those of every step (`keep_keys`), of the first step of each segment (False, `_segments`),
+    or none (None: inference).
     """
-    N, v = chunks.n_chunks, chunks.v
+    N, G, C, v = chunks.n_chunks, chunks.group, chunks.chunk_size, chunks.v
+    if product_dtype is None:
+        q_prod, v_prod = q_walk, v
+        gate_q = None  # folded into q_walk and k_walk
+    else:
+        q_prod, v_prod = q_walk.to(product_dtype), v.to(product_dtype)
+        gate_q = None if chunks.gate is None else chunks.gate.flatten(-2)[..., None]  # [N, B, H, G * C, 1]: G_i
     s = _masked_logits(chunks, logits, queries=slice(None), keys=slice(None))
     m_out = s.amax(-1, keepdim=True)
     acc_out = _exp_(s - m_out) @ v  # the ones column of v makes the last column the softmax denominator
@@ -352,54 +366,21 @@ def _softmax_walk(
     acc, m, k_run, saved = acc_out, m_out, k_walk[: N - 1], []
     for d in range(1, last_step + 1):
         acc, m = acc[1:], m[1:]
-        if keep_keys or (d - 1) % _STEPS_PER_CHECKPOINT == 0:
+        if keep_keys or (keep_keys is not None and (d - 1) % _STEPS_PER_CHECKPOINT == 0):
             saved.append(k_run)
-        s = _masked_logits(chunks, q_walk[d:] @ k_run.transpose(-1, -2), queries=slice(d, N), keys=slice(0, N - d))
+        s = q_prod[d:] @ k_run.to(q_prod.dtype).transpose(-1, -2)
+        if product_dtype is not None:
+            s = s.to(acc.dtype)
+        if gate_q is not None:  # + G_i - G_j
+            s.add_(gate_q[d:]).unflatten(-2, (G, C)).sub_(chunks.gate[: N - d, ..., None, :])
+        s = _masked_logits(chunks, s, queries=slice(d, N), keys=slice(0, N - d))
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-        acc.mul_(_exp_(m - m_new)).add_(_exp_(s.sub_(m_new)) @ v[: N - d])
+        acc.mul_(_exp_(m - m_new)).add_(_exp_(s.sub_(m_new)).to(v_prod.dtype) @ v_prod[: N - d])
         m.copy_(m_new)
         if d < last_step:
             k_run = _next_keys(k_run, p_walk, d)
     denominator = acc_out[..., -1:]
     return acc_out[..., :-1] / denominator, m_out + denominator.log(), saved
-
-
-def _softmax_walk_low(
-    chunks: _ChunkedInputs,
-    logits: torch.Tensor,
-    q_start: torch.Tensor,
-    k_end: torch.Tensor,
-    p: torch.Tensor,
-    *,
-    last_step: int,
-    dtype: torch.dtype,
-) -> torch.Tensor:
-    """`_softmax_walk`'s output for inference, with the walk's score and value products in `dtype` (bfloat16).
-
-    The products take their inputs in `dtype` and accumulate in float32 (their outputs are rounded to `dtype`); the
-    softmax, its running sums, the diagonal blocks (`logits`, gated) and the running keys' moves through P stay in the
-    compute dtype. So does the gate: its cumulative values reach tens, which bfloat16 would round to whole units, so it
-    is added to each block's scores, not folded into the product (`_fold_gate`).
-    """
-    N, G, C, v = chunks.n_chunks, chunks.group, chunks.chunk_size, chunks.v
-    s = _masked_logits(chunks, logits, queries=slice(None), keys=slice(None))
-    m_out = s.amax(-1, keepdim=True)
-    acc_out = _exp_(s - m_out) @ v  # the ones column of v makes the last column the softmax denominator
-    q_low, v_low = q_start.to(dtype), v.to(dtype)
-    gate_q = None if chunks.gate is None else chunks.gate.flatten(-2)[..., None]  # [N, B, H, G * C, 1]: G_i
-    acc, m, k_run = acc_out, m_out, k_end[: N - 1]
-    for d in range(1, last_step + 1):
-        acc, m = acc[1:], m[1:]
-        s = (q_low[d:] @ k_run.to(dtype).transpose(-1, -2)).to(acc.dtype)
-        if gate_q is not None:  # + G_i - G_j
-            s.add_(gate_q[d:]).unflatten(-2, (G, C)).sub_(chunks.gate[: N - d, ..., None, :])
-        s = _masked_logits(chunks, s, queries=slice(d, N), keys=slice(0, N - d))
-        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-        acc.mul_(_exp_(m - m_new)).add_(_exp_(s.sub_(m_new)).to(dtype) @ v_low[: N - d])
-        m.copy_(m_new)
-        if d < last_step:
-            k_run = _next_keys(k_run, p, d)
-    return acc_out[..., :-1] / acc_out[..., -1:]
 
 
 def cpu_multiplies_bf16() -> bool:
@@ -511,11 +492,14 @@ def _inter_chunk(
         gate_q = chunks.gate.flatten(-2)[..., None]  # [N, B, H, G * C, 1]: G_i of each query row
         gate_k = chunks.gate[..., None, :]  # [N, B, H, G, 1, C]: G_j of each key, per query head
         logits = logits + gate_q - _chunk_rows(gate_k.expand(-1, -1, -1, -1, C, -1))
-    if not requires_grad and product_dtype not in (None, p.dtype):
-        return _softmax_walk_low(chunks, logits, q_start, k_end, p, last_step=last_step, dtype=product_dtype)
+    if not requires_grad and product_dtype not in (None, p.dtype):  # the gate stays out of the low-precision products
+        walk = _softmax_walk(
+            chunks, logits, q_start, k_end, p, last_step=last_step, keep_keys=None, product_dtype=product_dtype
+        )
+        return walk[0]
     q_walk, k_walk, p_walk = _fold_gate(chunks, gate_q=gate_q, q_start=q_start, k_end=k_end, p=p)
     if not requires_grad:
-        return _softmax_walk(chunks, logits, q_walk, k_walk, p_walk, last_step=last_step, keep_keys=False)[0]
+        return _softmax_walk(chunks, logits, q_walk, k_walk, p_walk, last_step=last_step, keep_keys=None)[0]
     # Backward starts from the running keys of every step, or, if they are large (or the caller says), from those of
     # each segment's first step, recomputing the others: memory O(T * (C + D)).
     B, H = chunks.k.shape[1:3]
@@ -596,7 +580,7 @@ def chunk_path_attention(
 
     Computes in q's dtype promoted to at least fp32. `path_attention` calls it with autocast off, which would run the
     matmuls in bf16. In inference, `product_dtype` (a dtype, None for the compute dtype, or "auto":
-    `walk_product_dtype`) is the input dtype of the walk's score and value products (`_softmax_walk_low`). The walk
+    `walk_product_dtype`) is the input dtype of the walk's score and value products (`_softmax_walk`). The walk
     runs over blocks of `chunk_size * 2**walk_merges` tokens (`_merge_chunks`; None: `_walk_merges`).
     """
     B, T, HQ = q.shape[:3]
