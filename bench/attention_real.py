@@ -29,7 +29,7 @@ from ops_versions import load_ops_at
 
 import path_hf.modeling_path_llama as modeling
 from path_hf import ops
-from path_hf.conversion.loading import load_causal_lm
+from path_hf.conversion.loading import load_causal_lm, load_tokenizer
 from path_hf.evaluation.data import load_texts
 
 NAMES = ("q", "k", "v", "w", "beta", "g")
@@ -37,10 +37,8 @@ NAMES = ("q", "k", "v", "w", "beta", "g")
 
 def capture(model_path: str, data: Path, length: int, layers: int) -> tuple[list[dict[str, torch.Tensor]], float]:
     """The inputs of the first `layers` PaTH attentions on `length` tokens of `data`, and their softmax scale."""
-    from transformers import AutoTokenizer
-
     model = load_causal_lm(model_path, torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_tokenizer(model_path)
     ids = tokenizer("\n\n".join(load_texts([data])["text"]), return_tensors="pt").input_ids[:, :length]
     if ids.shape[1] < length:
         sys.exit(f"error: {data} has {ids.shape[1]} tokens, fewer than --length {length}")
