@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
+from functools import partial
 from itertools import pairwise
 
 import torch
@@ -90,10 +91,14 @@ def _segment_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _to_chunks(x: torch.Tensor, n_chunks: int, chunk_size: int, dtype: torch.dtype) -> torch.Tensor:
+def _to_chunks(
+    x: torch.Tensor, n_chunks: int, chunk_size: int, dtype: torch.dtype, superblock: int = 0
+) -> torch.Tensor:
     """[B, T, H, ...] -> [N, B, H, C, ...] in `dtype`, zero-padded at the end to N * C tokens.
 
-    The chunk dim leads so that a run of chunks is one contiguous slice: matmuls over it need no copies.
+    The chunk dim leads so that a run of chunks is one contiguous slice: matmuls over it need no copies. With
+    `superblock` S (`_superblock_attention`), the superblocks of S chunks are a batch instead: [S, N / S * B, H, C,
+    ...], chunk j * S + s of batch b at [s, j * B + b].
     """
     B, T = x.shape[:2]
     pad = n_chunks * chunk_size - T
@@ -101,7 +106,16 @@ def _to_chunks(x: torch.Tensor, n_chunks: int, chunk_size: int, dtype: torch.dty
     if pad:
         x = torch.cat([x, x.new_zeros(B, pad, *x.shape[2:])], dim=1)
     x = x.view(B, n_chunks, chunk_size, *x.shape[2:]).movedim(2, 3).movedim(1, 0)
+    if superblock:
+        x = x.unflatten(0, (-1, superblock)).transpose(0, 1).flatten(1, 2)
     return x.contiguous()
+
+
+def _chunk_order(x: torch.Tensor, chunks: _ChunkedInputs) -> torch.Tensor:
+    """[N, B, ...] from a tensor of `chunks`' layout: the superblock layout of `_to_chunks` undone."""
+    if not chunks.superblock:
+        return x
+    return x.unflatten(1, (-1, chunks.batch)).transpose(0, 1).flatten(0, 1)
 
 
 def _from_chunks(x: torch.Tensor, length: int) -> torch.Tensor:
@@ -128,6 +142,10 @@ class _ChunkedInputs:
     segment: torch.Tensor | None  # [N, C]: sequence index of each position (-1 past T); None without cu_seqlens
     causal: torch.Tensor  # [C, C] bool, lower triangle
     group: int  # G, query heads per key head
+    batch: int  # B
+    superblock: int = (
+        0  # S: the layout [S, N / S * B, ...] of `_to_chunks`, for `_superblock_attention`; 0: [N, B, ...]
+    )
 
     @property
     def n_chunks(self) -> int:
@@ -150,9 +168,11 @@ def _chunk_inputs(
     cu_seqlens: torch.Tensor | None,
     chunk_size: int,
     chunks_multiple: int = 1,
+    superblock: int = 0,
 ) -> _ChunkedInputs:
     """`path_attention`'s inputs [B, T, ...] cut into chunks of `chunk_size` tokens, and the masks; the number of
-    chunks a multiple of `chunks_multiple` (padding chunks at the end)."""
+    chunks a multiple of `chunks_multiple` (padding chunks at the end); in the superblock layout of `_to_chunks` with
+    `superblock` (unpacked only)."""
     B, T, HQ, D = q.shape
     H = k.shape[2]
     G, C = HQ // H, chunk_size
@@ -161,13 +181,14 @@ def _chunk_inputs(
 
     # GQA: the G query heads of a key head become G * C rows of each chunk, so one matmul serves them all.
     # The softmax scale is folded into q once.
-    qc = _to_chunks(q.view(B, T, H, G, D), N, C, dtype).transpose(-2, -3).reshape(N, B, H, G * C, D) * scale
-    kc, wc = _to_chunks(k, N, C, dtype), _to_chunks(w, N, C, dtype)
+    chunk = partial(_to_chunks, n_chunks=N, chunk_size=C, dtype=dtype, superblock=superblock)
+    qc = chunk(q.view(B, T, H, G, D)).transpose(-2, -3).flatten(-3, -2) * scale
+    kc, wc = chunk(k), chunk(w)
     # A ones column on v makes every `e @ v` also return the softmax denominator.
     # (padded keys get it too, so padded rows of a packed batch have a nonzero denominator).
-    vc = _to_chunks(v, N, C, dtype)
+    vc = chunk(v)
     vc = torch.cat([vc, vc.new_ones(*vc.shape[:-1], 1)], -1)
-    betac = _to_chunks(beta, N, C, dtype)
+    betac = chunk(beta)
 
     gc = None
     if g is not None:
@@ -175,7 +196,7 @@ def _chunk_inputs(
         if cu_seqlens is not None:  # restart the cumulative gate at every sequence start
             starts = torch.cat([gcum.new_zeros(1, 1, HQ), gcum], dim=1)[:, cu_seqlens[:-1]]
             gcum = gcum - starts[:, _segment_ids(cu_seqlens, T)]
-        gc = _to_chunks(gcum.view(B, T, H, G) * scale, N, C, dtype).transpose(-1, -2)
+        gc = chunk(gcum.view(B, T, H, G) * scale).transpose(-1, -2)
     return _ChunkedInputs(
         q=qc,
         k=kc,
@@ -186,6 +207,8 @@ def _chunk_inputs(
         segment=None if cu_seqlens is None else _segment_ids(cu_seqlens, N * C).view(N, C),
         causal=torch.ones(C, C, dtype=torch.bool, device=q.device).tril(),
         group=G,
+        batch=B,
+        superblock=superblock,
     )
 
 
@@ -196,16 +219,23 @@ def _chunk_householder(
 
     Returns U [.., C, D], c [.., C, C], k~ (keys moved to their chunk's end) [.., C, D] and P_n [.., D, D].
     """
-    C, D = w.shape[-2:]
-    eye_c = torch.eye(C, dtype=w.dtype, device=w.device)
+    D = w.shape[-1]
     wb = w * beta[..., None]
     lower = torch.tril(wb @ w.transpose(-1, -2), -1)
     rhs = torch.cat([wb, torch.tril(wb @ k.transpose(-1, -2), -1)], dim=-1)
-    solved = torch.linalg.solve_triangular(lower + eye_c, rhs, upper=False, unitriangular=True)
+    solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)  # the diagonal: ones
     u, c = solved[..., :D], solved[..., D:]
-    k_end = k - c.transpose(-1, -2) @ w
-    p = torch.eye(D, dtype=w.dtype, device=w.device) - w.transpose(-1, -2) @ u
+    k_end = _minus_product(k, c.transpose(-1, -2), w)
+    p = _minus_product(torch.eye(D, dtype=w.dtype, device=w.device), w.transpose(-1, -2), u)
     return u, c, k_end, p
+
+
+def _minus_product(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x - a @ b in one pass (`torch.baddbmm`); a and b [..., M, K] and [..., K, N] of the same leading dims, x
+    broadcastable to their product."""
+    batch = a.shape[:-2]
+    out = torch.baddbmm(x.expand(*batch, *x.shape[-2:]).flatten(0, -3), a.flatten(0, -3), b.flatten(0, -3), alpha=-1)
+    return out.unflatten(0, batch)
 
 
 def _intra_chunk(chunks: _ChunkedInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -214,8 +244,8 @@ def _intra_chunk(chunks: _ChunkedInputs) -> tuple[torch.Tensor, torch.Tensor, to
     G, C = chunks.group, chunks.chunk_size
     u, c, k_end, p = _chunk_householder(chunks.k, chunks.w, chunks.beta)
     qw = _chunk_rows((chunks.q @ chunks.w.transpose(-1, -2)).unflatten(-2, (G, C)).masked_fill(~chunks.causal, 0))
-    q_start = chunks.q - qw @ u
-    logits = chunks.q @ chunks.k.transpose(-1, -2) - qw @ c
+    q_start = _minus_product(chunks.q, qw, u)
+    logits = _minus_product(chunks.q @ chunks.k.transpose(-1, -2), qw, c)
     return q_start, logits, k_end, p
 
 
@@ -256,6 +286,7 @@ def _merge_chunks(
         segment=None if chunks.segment is None else chunks.segment.reshape(N // 2, 2 * C),
         causal=torch.ones(2 * C, 2 * C, dtype=torch.bool, device=chunks.causal.device).tril(),
         group=G,
+        batch=chunks.batch,
     )
     return merged, merged_q, merged_logits, merged_k, p_b @ p_a
 
@@ -481,10 +512,11 @@ def _inter_chunk(
     recompute: bool | None,
     product_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """The output of the softmax over every visible key, [N, B, H, G * C, DV].
+    """The output of the softmax over every visible key, [N, B, H, G * C, DV] (in `chunks`' layout).
 
     `last_step` is the last block diagonal walked (`_last_step`); `requires_grad`: whether autograd will call for
     gradients; `recompute` is `path_attention`'s; `product_dtype` (inference only) is `chunk_path_attention`'s.
+    Chunks in the superblock layout (inference only) go to `_superblock_attention`.
     """
     N, C = chunks.n_chunks, chunks.chunk_size
     gate_q = None
@@ -492,20 +524,154 @@ def _inter_chunk(
         gate_q = chunks.gate.flatten(-2)[..., None]  # [N, B, H, G * C, 1]: G_i of each query row
         gate_k = chunks.gate[..., None, :]  # [N, B, H, G, 1, C]: G_j of each key, per query head
         logits = logits + gate_q - _chunk_rows(gate_k.expand(-1, -1, -1, -1, C, -1))
-    if not requires_grad and product_dtype not in (None, p.dtype):  # the gate stays out of the low-precision products
-        walk = _softmax_walk(
-            chunks, logits, q_start, k_end, p, last_step=last_step, keep_keys=None, product_dtype=product_dtype
-        )
-        return walk[0]
-    q_walk, k_walk, p_walk = _fold_gate(chunks, gate_q=gate_q, q_start=q_start, k_end=k_end, p=p)
     if not requires_grad:
-        return _softmax_walk(chunks, logits, q_walk, k_walk, p_walk, last_step=last_step, keep_keys=None)[0]
+        if chunks.superblock:
+            return _superblock_attention(
+                chunks, logits=logits, q_start=q_start, k_end=k_end, p=p, product_dtype=product_dtype
+            )
+        return _inference_walk(chunks, logits, q_start, k_end, p, last_step=last_step, product_dtype=product_dtype)[0]
+    q_walk, k_walk, p_walk = _fold_gate(chunks, gate_q=gate_q, q_start=q_start, k_end=k_end, p=p)
     # Backward starts from the running keys of every step, or, if they are large (or the caller says), from those of
     # each segment's first step, recomputing the others: memory O(T * (C + D)).
     B, H = chunks.k.shape[1:3]
     kept_bytes = last_step * N / 2 * B * H * C * k_walk.shape[-1] * k_walk.element_size()
     keep_keys = kept_bytes <= _CHECKPOINT_ABOVE_BYTES if recompute is None else not recompute
     return _InterChunkSoftmax.apply(logits, q_walk, k_walk, p_walk, chunks.v, chunks, last_step, keep_keys)
+
+
+def _inference_walk(
+    chunks: _ChunkedInputs,
+    logits: torch.Tensor,
+    q_start: torch.Tensor,
+    k_end: torch.Tensor,
+    p: torch.Tensor,
+    *,
+    last_step: int,
+    product_dtype: torch.dtype | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The walk without autograd, from `_inter_chunk`'s inputs (`logits` gated): the output and the row log-sum-exp.
+    The gate is folded into the products (`_fold_gate`), or kept out of them where they run in `product_dtype`."""
+    if product_dtype not in (None, p.dtype):
+        walk = _softmax_walk(
+            chunks, logits, q_start, k_end, p, last_step=last_step, keep_keys=None, product_dtype=product_dtype
+        )
+        return walk[0], walk[1]
+    gate_q = None if chunks.gate is None else chunks.gate.flatten(-2)[..., None]
+    q_walk, k_walk, p_walk = _fold_gate(chunks, gate_q=gate_q, q_start=q_start, k_end=k_end, p=p)
+    walk = _softmax_walk(chunks, logits, q_walk, k_walk, p_walk, last_step=last_step, keep_keys=None)
+    return walk[0], walk[1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Superblocks (inference on CPU)
+#
+# The walk moves every key through every later block's P, one step at a time: 1 + D / C of the scores' products, in
+# batched products and elementwise passes over all heads and blocks that leave the CPU's caches. In inference, the
+# sequence is cut into superblocks of S blocks instead. Within a superblock, the walk runs as before (all superblocks
+# at once, as a batch of S-block sequences). Every earlier key, moved to the superblock's start, and every query of
+# the superblock, moved back to it, then meet in plain attention, which PyTorch's fused flash-attention CPU kernel
+# computes with its row log-sum-exp (`_far_attention`); the two softmaxes are merged by their log-sum-exps. The far
+# keys move through one superblock's product of P at a time: D / L of the scores' products, L = S * C tokens.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _superblock_blocks(length: int, block: int, tokens: int) -> int:
+    """Blocks of `block` tokens in a superblock of `tokens` (`_superblock_attention`): 0 (none) unless a superblock
+    holds two blocks or more and the sequence spans more than two superblocks (with two, measured slower)."""
+    blocks = tokens // block
+    return blocks if blocks >= 2 and length > 2 * tokens else 0
+
+
+_SUPERBLOCK_TOKENS = 512
+
+
+def _superblock_heads(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """[S, J * B, H, R, X] -> [J, B, H, S * R, X]: each superblock's rows (or keys) as one sequence per head."""
+    S, _, H, R, X = x.shape
+    return x.unflatten(1, (-1, batch)).permute(1, 2, 3, 0, 4, 5).reshape(-1, batch, H, S * R, X)
+
+
+def _far_attention(
+    q_far: torch.Tensor, k_far: torch.Tensor, v_far: torch.Tensor, p_far: torch.Tensor, dtype: torch.dtype | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each superblock's queries (moved back to its start) on every earlier key (moved to it).
+
+    q_far [J, B, H, R, E], k_far [J, B, H, K, E] (superblock j's keys moved to its end), v_far [J, B, H, K, E], p_far
+    [J, B, H, D, D] (the product of superblock j's P, acting on the keys' first D columns); products in `dtype` (None:
+    the inputs'). Returns the output [J, B, H, R, E] and log-sum-exp [J, B, H, R, 1], -inf for superblock 0.
+    """
+    J, B, H, R, E = q_far.shape
+    K, D = k_far.shape[-2], p_far.shape[-1]
+    out = q_far.new_zeros(J, B, H, R, E)
+    lse = q_far.new_full((J, B, H, R, 1), float("-inf"))
+    keys = k_far.new_empty(B, H, (J - 1) * K, E)  # superblocks 0 ... j - 1's keys, at superblock j's start
+    values = v_far[:-1].permute(1, 2, 0, 3, 4).flatten(2, 3)
+    if dtype is not None:
+        q_far, values = q_far.to(dtype), values.to(dtype)
+    for j in range(1, J):
+        seen = (j - 1) * K
+        keys[:, :, :seen, :D] = keys[:, :, :seen, :D] @ p_far[j - 1].transpose(-1, -2)
+        keys[:, :, seen : seen + K] = k_far[j - 1]
+        o_j, lse_j = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q_far[j], keys[:, :, : seen + K].to(q_far.dtype), values[:, :, : seen + K], scale=1.0
+        )
+        out[j], lse[j, ..., 0] = o_j, lse_j
+    return out, lse
+
+
+def _superblock_attention(
+    chunks: _ChunkedInputs,
+    *,
+    logits: torch.Tensor,
+    q_start: torch.Tensor,
+    k_end: torch.Tensor,
+    p: torch.Tensor,
+    product_dtype: torch.dtype | None,
+) -> torch.Tensor:
+    """`_inter_chunk`'s output in inference, for chunks in the superblock layout (`_to_chunks`; unpacked, CPU).
+
+    The far part's queries and keys carry the gate as `_fold_gate`'s do: query head h's row carries e_h, a key
+    -G_j per query head, which P leaves alone; the queries' G_i, the same for every key of a row, is added to its
+    log-sum-exp. The far products run in `product_dtype` where the gate stays out of them (no gate).
+    """
+    S, B, G, C = chunks.superblock, chunks.batch, chunks.group, chunks.chunk_size
+    D, DV = p.shape[-1], chunks.v.shape[-1] - 1
+    o_near, lse_near = _inference_walk(chunks, logits, q_start, k_end, p, last_step=S - 1, product_dtype=product_dtype)
+    # Queries moved back to their superblock's start: q~ of block s through P_{s - 1} ... P_0 of its superblock.
+    prefix = [torch.eye(D, dtype=p.dtype, device=p.device).expand_as(p[0])]
+    for s in range(S - 1):
+        prefix.append(p[s] @ prefix[-1])
+    q_far = q_start @ torch.stack(prefix)
+    # Keys moved to their superblock's end: k~ of block s through P_{s + 1} ... P_{S - 1}; the superblock's product.
+    suffix = [torch.eye(D, dtype=p.dtype, device=p.device).expand_as(p[0])]
+    for s in reversed(range(1, S)):
+        suffix.append(suffix[-1] @ p[s])
+    k_far = k_end @ torch.stack(suffix[::-1]).transpose(-1, -2)
+    p_far = p[S - 1] @ prefix[-1]  # P_{S - 1} ... P_0
+    v_far = chunks.v[..., :DV]
+    far_dtype = product_dtype if chunks.gate is None else None
+    if chunks.gate is not None:  # the row of query head h carries e_h, a key -G_j of every query head
+        rows = torch.eye(G, dtype=p.dtype, device=p.device).repeat_interleave(C, 0)  # [G * C, G]
+        q_far = torch.cat([q_far, rows.expand(*q_far.shape[:-2], -1, -1)], -1)
+        k_far = torch.cat([k_far, -chunks.gate.transpose(-1, -2)], -1)
+    if v_far.shape[-1] != q_far.shape[-1]:  # the fused kernel wants one head size: pad the narrower side with zeros
+        width = max(v_far.shape[-1], q_far.shape[-1])
+        q_far, k_far, v_far = (torch.nn.functional.pad(x, (0, width - x.shape[-1])) for x in (q_far, k_far, v_far))
+    J = q_far.shape[1] // B
+    o_far, lse_far = _far_attention(
+        _superblock_heads(q_far, B),
+        _superblock_heads(k_far, B),
+        _superblock_heads(v_far, B),
+        p_far.unflatten(0, (J, B)),
+        far_dtype,
+    )
+    # Back to the near walk's layout [S, J * B, H, G * C, X]
+    o_far = o_far.unflatten(-2, (S, G * C)).permute(3, 0, 1, 2, 4, 5).flatten(1, 2)[..., :DV]
+    lse_far = lse_far.unflatten(-2, (S, G * C)).permute(3, 0, 1, 2, 4, 5).flatten(1, 2)
+    if chunks.gate is not None:
+        lse_far = lse_far + chunks.gate.flatten(-2)[..., None]
+    lse = torch.logaddexp(lse_near, lse_far)
+    return o_near * (lse_near - lse).exp() + o_far.to(o_near.dtype) * (lse_far - lse).exp()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -575,22 +741,39 @@ def chunk_path_attention(
     recompute: bool | None = None,
     product_dtype: torch.dtype | None | str = "auto",
     walk_merges: int | None = None,
+    superblock_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The torch backend: `path_attention`'s arguments (checked there, `scale` given) and outputs.
 
     Computes in q's dtype promoted to at least fp32. `path_attention` calls it with autocast off, which would run the
     matmuls in bf16. In inference, `product_dtype` (a dtype, None for the compute dtype, or "auto":
     `walk_product_dtype`) is the input dtype of the walk's score and value products (`_softmax_walk`). The walk
-    runs over blocks of `chunk_size * 2**walk_merges` tokens (`_merge_chunks`; None: `_walk_merges`).
+    runs over blocks of `chunk_size * 2**walk_merges` tokens (`_merge_chunks`; None: `_walk_merges`). Inference on
+    CPU without `cu_seqlens` runs over superblocks of `superblock_tokens` tokens (`_superblock_attention`; None:
+    `_SUPERBLOCK_TOKENS`, 0: none).
     """
     B, T, HQ = q.shape[:3]
     DV = v.shape[-1]
     requires_grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, w, beta, g))
     if product_dtype == "auto":
         product_dtype = walk_product_dtype(q, requires_grad)
-    merges = _walk_merges(T, chunk_size) if walk_merges is None else walk_merges
+    superblock = 0  # superblocks: inference on CPU, unpacked, over unmerged chunks (faster there: BENCHMARKS.md)
+    if not requires_grad and cu_seqlens is None and q.device.type == "cpu" and not walk_merges:
+        tokens = _SUPERBLOCK_TOKENS if superblock_tokens is None else superblock_tokens
+        superblock = _superblock_blocks(T, chunk_size, tokens)
+    merges = 0 if superblock else _walk_merges(T, chunk_size) if walk_merges is None else walk_merges
     chunks = _chunk_inputs(
-        q, k, v, w, beta, g, scale=scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size, chunks_multiple=2**merges
+        q,
+        k,
+        v,
+        w,
+        beta,
+        g,
+        scale=scale,
+        cu_seqlens=cu_seqlens,
+        chunk_size=chunk_size,
+        chunks_multiple=2**merges * max(superblock, 1),
+        superblock=superblock,
     )
     q_start, logits, k_end, p = _intra_chunk(chunks)
     walk = (chunks, q_start, logits, k_end, p)
@@ -608,11 +791,12 @@ def chunk_path_attention(
         recompute=recompute,
         product_dtype=product_dtype,
     )
-    o = o.unflatten(-2, (chunks.group, walk_chunks.chunk_size))
+    o = _chunk_order(o, chunks).unflatten(-2, (chunks.group, walk_chunks.chunk_size))
     o = o.transpose(-2, -3)  # [N, B, H, C, G, DV]
     o = _from_chunks(o, T).reshape(B, T, HQ, DV).to(q.dtype)
     if not return_k_cache:
         return o, None
+    k_end, p = _chunk_order(k_end, chunks), _chunk_order(p, chunks)
     k_cache = _key_cache(k, w, beta, k_end=k_end, p=p, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
     return o, k_cache.to(k.dtype)
 

@@ -46,15 +46,15 @@ from path_hf.evaluation.scoring import position_logits
 
 
 @contextlib.contextmanager
-def unmerged_walk() -> Iterator[None]:
-    """The torch backend's walk over its C-token chunks themselves, not over pairs of them (`_merge_chunks`): the
-    windows below count whole chunks of C."""
-    walk_merges = ops_chunk._walk_merges
-    ops_chunk._walk_merges = lambda length, chunk_size: 0
+def chunk_walk() -> Iterator[None]:
+    """The torch backend's walk over its C-token chunks themselves, not over pairs of them (`_merge_chunks`), and over
+    the whole sequence, not within superblocks (`_superblock_attention`): the windows below count whole chunks of C."""
+    walk_merges, superblock_tokens = ops_chunk._walk_merges, ops_chunk._SUPERBLOCK_TOKENS
+    ops_chunk._walk_merges, ops_chunk._SUPERBLOCK_TOKENS = (lambda length, chunk_size: 0), 0
     try:
         yield
     finally:
-        ops_chunk._walk_merges = walk_merges
+        ops_chunk._walk_merges, ops_chunk._SUPERBLOCK_TOKENS = walk_merges, superblock_tokens
 
 
 @contextlib.contextmanager
@@ -67,7 +67,7 @@ def path_window(window: int) -> Iterator[None]:
 
     ops_chunk._last_step = cut
     try:
-        with unmerged_walk():
+        with chunk_walk():
             yield
     finally:
         ops_chunk._last_step = last_step
@@ -87,7 +87,7 @@ def path_window_sink(window: int) -> Iterator[None]:
 
     ops_chunk._masked_logits = cut
     try:
-        with unmerged_walk():
+        with chunk_walk():
             yield
     finally:
         ops_chunk._masked_logits = masked_logits

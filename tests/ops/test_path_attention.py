@@ -401,23 +401,31 @@ def test_exp_floor(dtype):
 
 
 @pytest.mark.parametrize(
-    ("HQ", "H", "gate", "cu_seqlens"),
-    [(4, 2, True, None), (2, 2, False, None), (4, 2, True, [0, 300, 1024])],
-    ids=["gqa-gate", "mha", "gqa-gate-packed"],
+    ("HQ", "H", "gate", "cu_seqlens", "superblock_tokens"),
+    [
+        (4, 2, True, None, 0),
+        (2, 2, False, None, 0),
+        (4, 2, True, [0, 300, 1024], 0),
+        (4, 2, True, None, 256),
+        (2, 2, False, None, 256),
+    ],
+    ids=["gqa-gate", "mha", "gqa-gate-packed", "gqa-gate-superblocks", "mha-superblocks"],
 )
-def test_bf16_walk_products_bounded_by_sdpa_in_bf16(HQ, H, gate, cu_seqlens):
+def test_bf16_walk_products_bounded_by_sdpa_in_bf16(HQ, H, gate, cu_seqlens, superblock_tokens):
     """The inference walk with its score and value products in bfloat16 (`product_dtype`) is no further from the
-    exact output than PyTorch's SDPA in bfloat16 is from its own, on the same bfloat16-rounded q, k and v."""
+    exact output than PyTorch's SDPA in bfloat16 is from its own, on the same bfloat16-rounded q, k and v; over
+    superblocks too, whose far part runs in bfloat16 where there is no gate."""
     T, D = 1024, 32
     x = {n: None if t is None else t.detach() for n, t in make_inputs(1, T, HQ, H, D, gate=gate, seed=5).items()}
     for name in ("q", "k", "v"):
         x[name] = x[name].to(torch.bfloat16).double()
     cu = None if cu_seqlens is None else torch.tensor(cu_seqlens)
+    options = {"scale": D**-0.5, "cu_seqlens": cu, "superblock_tokens": superblock_tokens}
     with torch.no_grad():
-        exact = ops_chunk.chunk_path_attention(**x, scale=D**-0.5, cu_seqlens=cu, product_dtype=None)[0]
+        exact = ops_chunk.chunk_path_attention(**x, **options, product_dtype=None)[0]
         x32 = {n: None if t is None else t.float() for n, t in x.items()}
-        low = ops_chunk.chunk_path_attention(**x32, scale=D**-0.5, cu_seqlens=cu, product_dtype=torch.bfloat16)[0]
-        fp32 = ops_chunk.chunk_path_attention(**x32, scale=D**-0.5, cu_seqlens=cu, product_dtype=None)[0]
+        low = ops_chunk.chunk_path_attention(**x32, **options, product_dtype=torch.bfloat16)[0]
+        fp32 = ops_chunk.chunk_path_attention(**x32, **options, product_dtype=None)[0]
         q, k, v = (x[n].transpose(1, 2) for n in ("q", "k", "v"))
         k, v = (t.repeat_interleave(HQ // H, 1) for t in (k, v))
         sdpa_exact = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -480,3 +488,60 @@ def test_walk_merges_rule():
     above = ops_chunk._MERGE_ABOVE * 64
     assert ops_chunk._walk_merges(64, 64) == ops_chunk._walk_merges(above, 64) == 0
     assert ops_chunk._walk_merges(above + 1, 64) == ops_chunk._walk_merges(32768, 64) == 1
+
+
+@pytest.mark.parametrize(
+    ("T", "HQ", "H", "D", "DV", "gate", "merges"),
+    [
+        (333, 4, 2, 16, 16, True, None),
+        (333, 2, 2, 16, 24, False, None),
+        (300, 4, 1, 16, 8, True, 0),
+        (256, 2, 2, 16, 16, False, 0),
+    ],
+    ids=["gqa-gate-padded", "mha-wide-v", "gqa-gate-narrow-v", "exact-multiple"],
+)
+def test_superblocks_vs_reference(T, HQ, H, D, DV, gate, merges, monkeypatch):
+    """Inference over superblocks (`_superblock_attention`: the walk within each, the fused SDPA kernel on the earlier
+    keys) gives the brute force's output and key cache, GQA, gated, with v wider and narrower than k, the chunks
+    padded to whole superblocks; the far part does run."""
+    C, tokens = 16, 64
+    x = {n: None if t is None else t.detach() for n, t in make_inputs(1, T, HQ, H, D, DV=DV, gate=gate, seed=3).items()}
+    ref, ref_k_cache = path_attention_reference(**x)
+    far = []
+    real_far_attention = ops_chunk._far_attention
+    monkeypatch.setattr(ops_chunk, "_far_attention", lambda *a: far.append(a[0].shape[0]) or real_far_attention(*a))
+    with torch.no_grad():
+        out, k_cache = ops_chunk.chunk_path_attention(
+            **x, scale=D**-0.5, chunk_size=C, walk_merges=merges, superblock_tokens=tokens, return_k_cache=True
+        )
+    assert far == [-(-T // tokens)]  # one call, over every superblock
+    assert_close("o", ref, out, 1e-10)
+    assert_close("k_cache", ref_k_cache, k_cache, 1e-10)
+
+
+def test_superblock_rule(monkeypatch):
+    """Superblocks only in inference, on CPU, unpacked, past two of them, over unmerged chunks (they replace the
+    walk's merged blocks, and a walk asked to merge runs without them)."""
+    assert ops_chunk._superblock_blocks(1024, 64, 512) == 0  # two superblocks: the walk alone
+    assert ops_chunk._superblock_blocks(1025, 64, 512) == ops_chunk._superblock_blocks(32768, 64, 512) == 8
+    assert ops_chunk._superblock_blocks(32768, 64, 64) == ops_chunk._superblock_blocks(32768, 64, 0) == 0
+    calls = []
+
+    def superblocks(chunks, **kwargs) -> None:
+        calls.append(chunks.superblock)
+        raise StopIteration  # the rule is what is tested, not the output
+
+    monkeypatch.setattr(ops_chunk, "_superblock_attention", superblocks)
+    monkeypatch.setattr(ops_chunk, "_merge_chunks", lambda *a: calls.append("merge") or a)
+    x = make_inputs(1, 200, 2, 2, 16, gate=True, seed=1)
+    kwargs = {"scale": 0.25, "chunk_size": 4, "superblock_tokens": 32}
+    ops_chunk.chunk_path_attention(**x, **kwargs)  # gradients wanted: the walk, merged (200 > 16 chunks of 4)
+    assert calls == ["merge"]
+    with torch.no_grad():
+        ops_chunk.chunk_path_attention(**x, cu_seqlens=torch.tensor([0, 100, 200]), **kwargs)  # packed: the same
+        ops_chunk.chunk_path_attention(**x, walk_merges=1, **kwargs)
+        assert calls == ["merge"] * 3
+        calls.clear()
+        with pytest.raises(StopIteration):
+            ops_chunk.chunk_path_attention(**x, **kwargs)
+        assert calls == [8]  # superblocks of 8 unmerged chunks
