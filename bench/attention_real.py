@@ -5,11 +5,12 @@
 
 Runs the model once on the first `--length` tokens of `--data` (float32), records what each of its first `--layers`
 PaTH layers hands `path_attention` (q, k, v, w, beta, g: real gates, real logit ranges, real GQA), then times
-`path_attention(backend="torch")` on them in inference: today's in float32, today's with q, k and v in bfloat16
-(where the CPU multiplies bfloat16 natively its walk multiplies in bfloat16: `ops_chunk.walk_product_dtype`) and,
-with --ops-before, path_hf.ops as it was at that commit, the rows alternating. The errors are relative (Frobenius)
-against the float64 torch backend on the same inputs; beside them, PyTorch's SDPA in bfloat16 on the same q, k, v
-(plain causal attention) against its own float64 output, the error that bfloat16 inputs cost attention anyway.
+`path_attention(backend="torch")` on them in inference: today's in float32, today's in float32 without superblocks
+(`ops_chunk._superblock_attention`), today's with q, k and v in bfloat16 (where the CPU multiplies bfloat16 natively
+its walk multiplies in bfloat16: `ops_chunk.walk_product_dtype`) and, with --ops-before, path_hf.ops as it was at
+that commit, the rows alternating. The errors are relative (Frobenius) against the float64 torch backend without
+superblocks on the same inputs; beside them, PyTorch's SDPA in bfloat16 on the same q, k, v (plain causal
+attention) against its own float64 output, the error that bfloat16 inputs cost attention anyway.
 Writes a Markdown table to stdout and JSON to bench/out/attention_real.json.
 """
 
@@ -28,7 +29,7 @@ from attention_cpu import machine_info
 from ops_versions import load_ops_at
 
 import path_hf.modeling_path_llama as modeling
-from path_hf import ops
+from path_hf import ops, ops_chunk
 from path_hf.conversion.loading import load_causal_lm, load_tokenizer
 from path_hf.evaluation.data import load_texts
 
@@ -71,6 +72,11 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
+def walk_only(*args, backend: str = "torch", **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The torch backend with its walk over the whole sequence: no superblocks (`ops_chunk._superblock_attention`)."""
+    return ops_chunk.chunk_path_attention(*args, **kwargs, superblock_tokens=0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a PaTHLlama checkpoint")
@@ -85,7 +91,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     inputs, scale = capture(args.model, args.data, args.length, args.layers)
 
-    variants = {"float32": (ops.path_attention, False), "bfloat16 q, k, v": (ops.path_attention, True)}
+    variants = {
+        "float32": (ops.path_attention, False),
+        "float32, no superblocks": (walk_only, False),
+        "bfloat16 q, k, v": (ops.path_attention, True),
+    }
     if args.ops_before:
         variants[f"float32 @{args.ops_before}"] = (load_ops_at(args.ops_before).path_attention, False)
 
@@ -106,7 +116,7 @@ def main() -> None:
     errors = []
     with torch.no_grad():
         for x in inputs:
-            ref = ops.path_attention(**{n: t.double() for n, t in x.items()}, scale=scale, backend="torch")[0]
+            ref = walk_only(**{n: t.double() for n, t in x.items()}, scale=scale)[0]
             row = {name: relative_error(fn(**(bf16_inputs(x) if b else x), scale=scale, backend="torch")[0], ref)
                    for name, (fn, b) in variants.items()}  # fmt: skip
             groups = x["q"].shape[2] // x["k"].shape[2]

@@ -1,13 +1,15 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
 """The torch backend of `path_attention`: PaTH attention chunked in PyTorch, on any device and head dim.
 
-Three steps, as FLA splits its chunked kernels:
+Three steps, as FLA splits its chunked kernels, and a fourth for inference on CPU:
 - intra-chunk transform (`_intra_chunk`): the UT transform of each chunk's Householder product, the logits within
   a chunk and the queries moved back to their chunk's start; pairs of chunks are then merged into the walk's blocks
   (`_merge_chunks`), so that the walk moves its keys once per two chunks;
 - inter-chunk walk (`_inter_chunk`): the block diagonals, one step each, with an online softmax, and its backward
   written out (`_InterChunkSoftmax`), which recomputes the running keys from every `_STEPS_PER_CHECKPOINT`-th step
   where keeping them all would take too much memory;
+- in inference on CPU, superblocks (`_superblock_attention`): the walk runs within superblocks of 512 tokens, and
+  each superblock's queries meet every earlier key in PyTorch's fused flash-attention kernel;
 - key-cache preparation (`_key_cache`): the fully transformed keys a decode starts from, per packed sequence.
 Everything runs in fp32 (or wider) with memory O(T * chunk); `chunk_path_attention` is the entry point, which
 `path_attention` calls after checking its inputs.
@@ -231,8 +233,11 @@ def _chunk_householder(
 
 
 def _minus_product(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """x - a @ b in one pass (`torch.baddbmm`); a and b [..., M, K] and [..., K, N] of the same leading dims, x
-    broadcastable to their product."""
+    """x - a @ b, a and b [..., M, K] and [..., K, N] of the same leading dims, x broadcastable to their product. In
+    inference in one pass (`torch.baddbmm`: 0.9x the intra-chunk transform's time at T = 2048); under autograd as
+    two ops, whose backward is faster (forward+backward 1.03-1.08x the time with `baddbmm`; BENCHMARKS.md)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, a, b)):
+        return x - a @ b
     batch = a.shape[:-2]
     out = torch.baddbmm(x.expand(*batch, *x.shape[-2:]).flatten(0, -3), a.flatten(0, -3), b.flatten(0, -3), alpha=-1)
     return out.unflatten(0, batch)
@@ -583,6 +588,9 @@ def _superblock_blocks(length: int, block: int, tokens: int) -> int:
 
 
 _SUPERBLOCK_TOKENS = 512
+# PyTorch's fused CPU attention that also returns the row log-sum-exp: a private op, so None where this torch lacks
+# it, and then no superblocks.
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def _superblock_heads(x: torch.Tensor, batch: int) -> torch.Tensor:
@@ -612,9 +620,7 @@ def _far_attention(
         seen = (j - 1) * K
         keys[:, :, :seen, :D] = keys[:, :, :seen, :D] @ p_far[j - 1].transpose(-1, -2)
         keys[:, :, seen : seen + K] = k_far[j - 1]
-        o_j, lse_j = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q_far[j], keys[:, :, : seen + K].to(q_far.dtype), values[:, :, : seen + K], scale=1.0
-        )
+        o_j, lse_j = _FLASH_CPU(q_far[j], keys[:, :, : seen + K].to(q_far.dtype), values[:, :, : seen + K], scale=1.0)
         out[j], lse[j, ..., 0] = o_j, lse_j
     return out, lse
 
@@ -758,7 +764,7 @@ def chunk_path_attention(
     if product_dtype == "auto":
         product_dtype = walk_product_dtype(q, requires_grad)
     superblock = 0  # superblocks: inference on CPU, unpacked, over unmerged chunks (faster there: BENCHMARKS.md)
-    if not requires_grad and cu_seqlens is None and q.device.type == "cpu" and not walk_merges:
+    if not requires_grad and cu_seqlens is None and q.device.type == "cpu" and not walk_merges and _FLASH_CPU:
         tokens = _SUPERBLOCK_TOKENS if superblock_tokens is None else superblock_tokens
         superblock = _superblock_blocks(T, chunk_size, tokens)
     merges = 0 if superblock else _walk_merges(T, chunk_size) if walk_merges is None else walk_merges
