@@ -49,34 +49,21 @@ case $stage in
         exit 2 ;;
 esac
 
-# The package as pip installs it (conversion/ and recipes/ are path_hf's subpackages: pyproject.toml's package-dir),
-# built from links to this checkout, since the GPU machine installs nothing. Prints its directory.
-source_tree() {
-    local src
-    src=$(mktemp -d)
-    mkdir "$src/path_hf"
-    ln -s "$PWD"/path_hf/* "$src/path_hf/"
-    ln -s "$PWD/conversion" "$src/path_hf/conversion"
-    ln -s "$PWD/recipes" "$src/path_hf/recipes"
-    echo "$src"
-}
-
 run() {
     shopt -s nullglob
-    local wheels=(bench/wheels/*.whl) src
-    src=$(source_tree)
+    local wheels=(bench/wheels/*.whl)
     if [[ -n $dry_run ]]; then
         # The wheels are for the GPU machine's Python 3.12: the dry run uses this environment's own packages.
         echo "dry run on the CPU: the wheels are not installed"
-        export PYTHONPATH="$src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+        export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     elif ((${#wheels[@]})); then
         # --no-deps: the machine has torch, triton, einops, pyarrow and the rest; these add or override.
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
             "${wheels[@]}"
-        export PYTHONPATH="$SITE:$src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+        export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
     else
         echo "bench/wheels has no wheels (make bench-wheels where there is network): using what is installed" >&2
-        export PYTHONPATH="$src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+        export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     fi
     "$PYTHON" bench/gpu_carry.py requirements || true
 

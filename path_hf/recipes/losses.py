@@ -15,10 +15,10 @@ from accelerate.utils import extract_model_from_parallel
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from path_hf.errors import RecipeError
-from path_hf.evaluation import IGNORE_INDEX
-from path_hf.modeling_path_llama import packed_sequences
-from path_hf.recipes.models import path_attention_layers
+from ..errors import RecipeError
+from ..evaluation import IGNORE_INDEX
+from ..modeling_path_llama import packed_sequences
+from .models import path_attention_layers
 
 
 class AttentionAlignment:

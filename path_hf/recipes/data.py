@@ -12,8 +12,8 @@ from accelerate import Accelerator, skip_first_batches
 from datasets import Dataset, IterableDataset, load_dataset
 from torch.utils.data import DataLoader
 
-from path_hf.errors import RecipeError
-from path_hf.evaluation import (
+from ..errors import RecipeError
+from ..evaluation import (
     IGNORE_INDEX,
     Window,
     load_texts,
@@ -22,7 +22,7 @@ from path_hf.evaluation import (
     tokenize_documents,
     tokenize_stream,
 )
-from path_hf.recipes.arguments import DataArguments
+from .arguments import DataArguments
 
 
 def _load_texts(files: list[str], text_field: str, field_name: str, streaming: bool = False):

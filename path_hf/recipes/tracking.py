@@ -18,10 +18,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
-from path_hf.evaluation import IGNORE_INDEX, PerplexityResult, Window, plots, score_windows
-from path_hf.recipes.arguments import RecipeConfig, TrainingArguments, flatten
-from path_hf.recipes.checkpoints import RunState
-from path_hf.recipes.models import shards_weights
+from ..evaluation import IGNORE_INDEX, PerplexityResult, Window, plots, score_windows
+from .arguments import RecipeConfig, TrainingArguments, flatten
+from .checkpoints import RunState
+from .models import shards_weights
 
 RUN_NAME = "recovery"  # accelerate's project name: logs/recovery/
 

@@ -29,7 +29,7 @@ from huggingface_hub.constants import SAFETENSORS_WEIGHTS_FILE_PATTERN
 from safetensors import SafetensorError, safe_open
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-from path_hf.errors import ConversionError
+from ..errors import ConversionError
 
 # dtype names of the safetensors format.
 SAFETENSORS_DTYPES: dict[str, torch.dtype] = {

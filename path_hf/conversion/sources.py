@@ -17,8 +17,7 @@ import torch
 from huggingface_hub import snapshot_download
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-from path_hf.errors import ConversionError, first_line
-
+from ..errors import ConversionError, first_line
 from .io import SourceWeights, read_index
 
 # Files of a checkpoint that hold weights, in any format: not downloaded before the config is checked, not carried over.

@@ -3,8 +3,7 @@
 PaTHLlama checkpoint, shard by shard, without building the model (`conversion.convert`); `path-hf eval` measures
 perplexity and passkey retrieval against context length (`path_hf.evaluation.command`)."""
 
-from path_hf.errors import ConversionError
-
+from ..errors import ConversionError
 from .options import ConvertOptions
 
 __all__ = ["ConversionError", "ConvertOptions"]

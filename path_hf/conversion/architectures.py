@@ -17,11 +17,10 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
-from path_hf.errors import ConversionError
-from path_hf.modeling_path_llama import PATH_MODULES, PaTHLlamaAttention, PaTHLlamaRoPEAttention
-from path_hf.ops import FLA_HEAD_DIMS
-
+from .. import PaTHLlamaConfig, PaTHLlamaForCausalLM
+from ..errors import ConversionError
+from ..modeling_path_llama import PATH_MODULES, PaTHLlamaAttention, PaTHLlamaRoPEAttention
+from ..ops import FLA_HEAD_DIMS
 from .io import TensorMeta
 
 

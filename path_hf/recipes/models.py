@@ -18,15 +18,15 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from transformers import PretrainedConfig
 
-from path_hf import PaTHLlamaAttention, PaTHLlamaConfig, PaTHLlamaForCausalLM
-from path_hf.arguments import flag
-from path_hf.conversion.convert import convert
-from path_hf.conversion.loading import load_causal_lm, load_config
-from path_hf.conversion.options import RUN_OPTIONS, ConvertOptions
-from path_hf.errors import ConversionError, RecipeError, first_line
-from path_hf.modeling_path_llama import FORGET_GATE_MODULES, LAYER_PARAMETER, PATH_MODULES
-from path_hf.ops_chunk import cpu_multiplies_bf16
-from path_hf.recipes.arguments import ModelArguments, RecipeConfig, Stage, TrainingArguments
+from .. import PaTHLlamaAttention, PaTHLlamaConfig, PaTHLlamaForCausalLM
+from ..arguments import flag
+from ..conversion.convert import convert
+from ..conversion.loading import load_causal_lm, load_config
+from ..conversion.options import RUN_OPTIONS, ConvertOptions
+from ..errors import ConversionError, RecipeError, first_line
+from ..modeling_path_llama import FORGET_GATE_MODULES, LAYER_PARAMETER, PATH_MODULES
+from ..ops_chunk import cpu_multiplies_bf16
+from .arguments import ModelArguments, RecipeConfig, Stage, TrainingArguments
 
 
 @dataclass(frozen=True)

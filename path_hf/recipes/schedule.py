@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from path_hf.recipes.arguments import Stage
+from .arguments import Stage
 
 
 @dataclass(frozen=True)

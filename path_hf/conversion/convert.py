@@ -13,8 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from path_hf.atomic import atomic_directory
-
+from ..atomic import atomic_directory
 from .gguf import gguf_source
 from .options import ConvertOptions, format_size
 from .plan import ConversionPlan, plan_conversion

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from path_hf.arguments import DTYPES, add_arguments, describe_fields, from_arguments, from_mapping
-from path_hf.errors import RecipeError
+from ..arguments import DTYPES, add_arguments, describe_fields, from_arguments, from_mapping
+from ..errors import RecipeError
 
 STAGES = ("align", "distill", "lm")
 TRAINABLE = ("path", "gate", "attention", "full", "lora")
@@ -54,9 +54,9 @@ class ModelArguments:
     convert: dict = field(
         default_factory=dict,
         metadata=_help(
-            "options of `path-hf convert` (conversion/options.py ConvertOptions fields: rope, init, forget_gate, "
-            "layers, w_rank, conv_size, seed, dtype, allow_nonfinite, follow_symlinks, ...) used when `path` is a "
-            "RoPE model"
+            "options of `path-hf convert` (`path_hf.conversion.options.ConvertOptions` fields: rope, init, "
+            "forget_gate, layers, w_rank, conv_size, seed, dtype, allow_nonfinite, follow_symlinks, ...) used when "
+            "`path` is a RoPE model"
         ),
     )
     dtype: str = field(

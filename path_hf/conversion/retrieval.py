@@ -15,8 +15,7 @@ import time
 
 import torch
 
-from path_hf.errors import ConversionError, first_line
-
+from ..errors import ConversionError, first_line
 from .loading import load_causal_lm, load_tokenizer
 from .options import RETRIEVAL_LENGTH, ConvertOptions, format_layers
 from .plan import check_source_links, read_source_config, source_context
@@ -29,7 +28,7 @@ def choose_retrieval_layers(options: ConvertOptions, source: Source) -> ConvertO
     `options.retrieval_length` tokens (default: the source's training context, at most `RETRIEVAL_LENGTH`). Prints
     every layer's score. The source loads whole, at `--dtype` (a GGUF: dequantised to it, float32 by default; a
     checkpoint: its own dtype by default)."""
-    from path_hf.evaluation import passkey_windows, rank_retrieval_layers, retrieval_heads
+    from ..evaluation import passkey_windows, rank_retrieval_layers, retrieval_heads
 
     check_source_links(source, options.follow_symlinks)
     # a source the converter refuses, or options that cannot run, are refused before the source is loaded

@@ -44,8 +44,7 @@ from transformers import (
 from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES, load_gguf_checkpoint
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_NAME
 
-from path_hf.errors import ConversionError
-
+from ..errors import ConversionError
 from .architectures import ARCHITECTURES
 from .io import SafetensorsWriter, SourceTensor, SourceWeights, TensorMeta
 from .options import ConvertOptions

@@ -26,8 +26,7 @@ from pathlib import Path
 
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME
 
-from path_hf.errors import ConversionError
-
+from ..errors import ConversionError
 from .options import format_size
 
 try:

@@ -21,11 +21,11 @@ from accelerate import Accelerator
 from accelerate.utils import load as load_restricted  # torch.load(weights_only=True), numpy arrays allowed
 from safetensors import SafetensorError, safe_open
 
-from path_hf.atomic import replace_directory
-from path_hf.errors import RecipeError, first_line
-from path_hf.recipes.arguments import RecipeConfig, TrainingArguments, flatten
-from path_hf.recipes.data import eval_length_names
-from path_hf.recipes.schedule import StagePlan, planned_steps, tokens_before
+from ..atomic import replace_directory
+from ..errors import RecipeError, first_line
+from .arguments import RecipeConfig, TrainingArguments, flatten
+from .data import eval_length_names
+from .schedule import StagePlan, planned_steps, tokens_before
 
 
 @dataclass

@@ -21,10 +21,9 @@ import torch
 from transformers import AutoConfig, PretrainedConfig
 from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME
 
-from path_hf import PaTHLlamaConfig
-from path_hf.errors import ConversionError
-from path_hf.modeling_path_llama import LAYER_PARAMETER, rope_band
-
+from .. import PaTHLlamaConfig
+from ..errors import ConversionError
+from ..modeling_path_llama import LAYER_PARAMETER, rope_band
 from .architectures import (
     Architecture,
     Layout,

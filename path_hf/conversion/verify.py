@@ -41,11 +41,10 @@ from transformers.models.mistral.modeling_mistral import MistralRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
-from path_hf import PaTHLlamaConfig
-from path_hf.errors import ConversionError
-from path_hf.evaluation import token_nll
-from path_hf.modeling_path_llama import LAYER_PARAMETER, PATH_GAIN_INIT, PaTHGain
-
+from .. import PaTHLlamaConfig
+from ..errors import ConversionError
+from ..evaluation import token_nll
+from ..modeling_path_llama import LAYER_PARAMETER, PATH_GAIN_INIT, PaTHGain
 from .io import SourceReader, SourceTensor, SourceWeights
 from .options import VERIFY_TOLERANCE, format_layers
 from .plan import ConversionPlan

@@ -19,10 +19,9 @@ from transformers import GenerationConfig
 from transformers.dynamic_module_utils import custom_object_save
 from transformers.utils import GENERATION_CONFIG_NAME
 
-from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM, init_path_parameters
-from path_hf.errors import ConversionError
-from path_hf.modeling_path_llama import FORGET_GATE_MODULES, PATH_MODULES, PaTHLlamaAttention
-
+from .. import PaTHLlamaConfig, PaTHLlamaForCausalLM, init_path_parameters
+from ..errors import ConversionError
+from ..modeling_path_llama import FORGET_GATE_MODULES, PATH_MODULES, PaTHLlamaAttention
 from .architectures import path_parameters
 from .io import (
     NonFiniteValues,
