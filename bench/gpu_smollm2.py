@@ -398,9 +398,8 @@ class SmolLM2Run:
                 process.stop()
 
     def cli(self, *args: str) -> list[str]:
-        # `path-hf ...` where the package is not installed: -P keeps this checkout's path_hf (without its conversion
-        # subpackage) from shadowing the one gpu.sh lays out on PYTHONPATH.
-        return [sys.executable, "-P", "-m", "path_hf", *args]
+        # `path-hf ...` where the package is not installed: this checkout's path_hf, on PYTHONPATH (gpu.sh).
+        return [sys.executable, "-m", "path_hf", *args]
 
     def recipe(self, output_dir: Path, stage_tokens: list[int], *overrides: str) -> list[str]:
         return [
