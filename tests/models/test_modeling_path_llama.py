@@ -255,6 +255,38 @@ def test_path_layer_matches_reference(fields):
     assert max_rel_err(out, expected) < 1e-5
 
 
+def test_long_inference_over_superblocks_keeps_the_logits(monkeypatch):
+    """Past 1024 tokens a CPU forward without gradients runs the torch backend over superblocks
+    (`ops_chunk._superblock_attention`): the logits and the next step's cache are those of the walk alone (float32
+    sums in another order), for a 2-row batch, every PaTH feature on."""
+    from path_hf import ops_chunk
+
+    model = tiny_model(rope_mode="keep")
+    tokens = random_tokens(2, 1100)
+    superblocks = []
+    real_superblock_attention = ops_chunk._superblock_attention
+    monkeypatch.setattr(
+        ops_chunk,
+        "_superblock_attention",
+        lambda *a, **k: superblocks.append(1) or real_superblock_attention(*a, **k),
+    )
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            prefill = model(tokens[:, :-1], use_cache=True)
+            step = model(tokens[:, -1:], cache=prefill.past_key_values, use_cache=True)
+        return prefill.logits, step.logits
+
+    with_superblocks = run()
+    assert superblocks  # the superblocks did run
+    monkeypatch.setattr(ops_chunk, "_SUPERBLOCK_TOKENS", 0)
+    superblocks.clear()
+    walk_only = run()
+    assert not superblocks
+    for got, expected in zip(with_superblocks, walk_only, strict=True):
+        assert max_rel_err(got, expected) < 1e-5
+
+
 def test_interleave_scores_are_householders_between_unit_rotations():
     """rope_mode="interleave": the logit of (i, j) is q_i^T H_i R^-1 H_{i-1} R^-1 ... H_{j+1} R^-1 k_j with q, k, w
     as projected (no RoPE) and R the rotation RoPE applies for one position, formed here as a D x D matrix: RoPE's

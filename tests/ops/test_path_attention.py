@@ -491,21 +491,22 @@ def test_walk_merges_rule():
 
 
 @pytest.mark.parametrize(
-    ("T", "HQ", "H", "D", "DV", "gate", "merges"),
+    ("B", "T", "HQ", "H", "D", "DV", "gate", "merges"),
     [
-        (333, 4, 2, 16, 16, True, None),
-        (333, 2, 2, 16, 24, False, None),
-        (300, 4, 1, 16, 8, True, 0),
-        (256, 2, 2, 16, 16, False, 0),
+        (1, 333, 4, 2, 16, 16, True, None),
+        (1, 333, 2, 2, 16, 24, False, None),
+        (1, 300, 4, 1, 16, 8, True, 0),
+        (1, 256, 2, 2, 16, 16, False, 0),
+        (3, 200, 4, 2, 16, 16, True, None),
     ],
-    ids=["gqa-gate-padded", "mha-wide-v", "gqa-gate-narrow-v", "exact-multiple"],
+    ids=["gqa-gate-padded", "mha-wide-v", "gqa-gate-narrow-v", "exact-multiple", "batch-3"],
 )
-def test_superblocks_vs_reference(T, HQ, H, D, DV, gate, merges, monkeypatch):
+def test_superblocks_vs_reference(B, T, HQ, H, D, DV, gate, merges, monkeypatch):
     """Inference over superblocks (`_superblock_attention`: the walk within each, the fused SDPA kernel on the earlier
     keys) gives the brute force's output and key cache, GQA, gated, with v wider and narrower than k, the chunks
-    padded to whole superblocks; the far part does run."""
+    padded to whole superblocks, a batch of several sequences; the far part does run."""
     C, tokens = 16, 64
-    x = {n: None if t is None else t.detach() for n, t in make_inputs(1, T, HQ, H, D, DV=DV, gate=gate, seed=3).items()}
+    x = {n: None if t is None else t.detach() for n, t in make_inputs(B, T, HQ, H, D, DV=DV, gate=gate, seed=3).items()}
     ref, ref_k_cache = path_attention_reference(**x)
     far = []
     real_far_attention = ops_chunk._far_attention
