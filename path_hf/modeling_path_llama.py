@@ -9,6 +9,7 @@ The only relative imports are flat modules that `save_pretrained` copies next to
 loads with `trust_remote_code=True` where path_hf is not installed.
 """
 
+import enum
 import math
 import re
 
@@ -378,6 +379,27 @@ def sequence_positions(cu_seqlens: torch.Tensor, shape: tuple[int, int]) -> torc
     return (positions - start).view(shape)
 
 
+class PaTHStep(enum.Enum):
+    """What a PaTH layer's forward does with its new tokens, decided once from them and its cache (`of`)."""
+
+    PREFILL = "prefill"  # nothing cached: `path_attention` over the new tokens, filling the cache if there is one
+    DECODE = "decode"  # one new token after cached ones: the recurrent step (`_decode_step`)
+    CONTINUE = "continue"  # several new tokens after cached ones: `_chunked_prefill`
+
+    @classmethod
+    def of(cls, new_tokens: int, cache_layer: PaTHCacheLayer | PaTHStaticCacheLayer | None) -> tuple["PaTHStep", int]:
+        """The step, and how many tokens the cache holds (0 where the step does not read it). A static cache decodes
+        at any length without reading it: a compiled decode step never syncs with the host."""
+        if cache_layer is None:
+            return cls.PREFILL, 0
+        if new_tokens == 1 and isinstance(cache_layer, PaTHStaticCacheLayer):
+            return cls.DECODE, 0
+        past = int(cache_layer.get_seq_length())
+        if past == 0:
+            return cls.PREFILL, 0
+        return (cls.DECODE if new_tokens == 1 else cls.CONTINUE), past
+
+
 class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
     """PaTH attention: the source attention's projections, with the Householder transforms of the tokens between
     query and key in every logit, and RoPE only with `rope_mode="keep"` (on q and k) or `"interleave"` (on q, k and w).
@@ -472,11 +494,9 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
             g = g * new_tokens[..., None] if g is not None else None
 
         cache_layer = self._cache_layer(cache) if cache is not None else None
-        # A static cache decodes at any length without reading it: a compiled decode step never syncs with the host.
-        static_decode = seq_len == 1 and isinstance(cache_layer, PaTHStaticCacheLayer)
-        past = 0 if cache_layer is None or static_decode else int(cache_layer.get_seq_length())
+        step, past = PaTHStep.of(seq_len, cache_layer)
         cu_seqlens = None
-        if past == 0 and not static_decode and (attention_mask is None or indices_q is not None):
+        if step is PaTHStep.PREFILL and (attention_mask is None or indices_q is not None):
             cu_seqlens = cu_seq_lens_q
 
         if self.w_conv1d is not None:
@@ -494,12 +514,12 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
             w = (w * cos + rotate_half(w) * sin) / torch.hypot(cos[..., :1], sin[..., :1])
 
         attn_weights = None
-        if static_decode or (past > 0 and seq_len == 1):
+        if step is PaTHStep.DECODE:
             o = self._decode_step(q, k, v, w, beta, g, attention_mask=attention_mask, cache_layer=cache_layer)
             # Only when asked: the weights are read from the cache the step left, beside the output, not instead of it.
             if kwargs.get("output_attentions", self.config.output_attentions):
                 attn_weights = self._decode_attention_weights(q, attention_mask=attention_mask, cache_layer=cache_layer)
-        elif past == 0:
+        elif step is PaTHStep.PREFILL:
             o, k_cache = self._path_attention(
                 q,
                 k,
@@ -516,7 +536,7 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
                 cache_layer.update(k_cache.transpose(1, 2), v.transpose(1, 2))
                 if g is not None:
                     cache_layer.update_gate(g)
-        else:
+        else:  # PaTHStep.CONTINUE
             o = self._chunked_prefill(
                 q, k, v, w, beta, g, attention_mask=attention_mask, cache_layer=cache_layer, past=past
             )
