@@ -30,6 +30,7 @@ from transformers.models.llama.modeling_llama import (
     LlamaDecoderLayer,
     LlamaForCausalLM,
     LlamaMLP,
+    LlamaModel,
     LlamaPreTrainedModel,
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
@@ -728,26 +729,20 @@ def init_path_parameters(module: PaTHLlamaAttention, config: PaTHLlamaConfig) ->
     PaTHLlamaPreTrainedModel(config)._init_weights(module)
 
 
-class PaTHLlamaModel(PaTHLlamaPreTrainedModel):
+class PaTHLlamaModel(PaTHLlamaPreTrainedModel, LlamaModel):
+    """`LlamaModel` with PaTH decoder layers (and, in a hybrid, the local layers' own RoPE), as transformers' modular
+    models derive from Llama: its `__init__` builds the rest."""
+
     def __init__(self, config: PaTHLlamaConfig):
         super().__init__(config)
-        self.padding_idx = config.pad_token_id
-        self.vocab_size = config.vocab_size
-
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
         self.layers = nn.ModuleList(
             [PaTHLlamaDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
         )
-        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rotary_emb = LlamaRotaryEmbedding(config=config)
         if LOCAL_LAYER_TYPE in config.layer_types:
             # The local layers' own RoPE, the same as the global layers' as built, but a separate module: scaling for
             # length (`path_hf.evaluation.rope_scaling`, which swaps `rotary_emb`) concerns the global layers only,
             # since no distance in a local layer exceeds its window.
             self.local_rotary_emb = LlamaRotaryEmbedding(config=config)
-        self.gradient_checkpointing = False
-
-        # Initialize weights and apply final processing
         self.post_init()
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
