@@ -39,7 +39,7 @@ except ImportError:  # not POSIX: `destination_lock` does not lock
 _DISK_MARGIN_MAX = 256 * 2**20
 _DISK_MARGIN_FIXED = 128 * 2**10
 # Directories a conversion writes beside DST: the output being written (tmp), a GGUF materialised as a checkpoint
-# (gguf), a replaced DST being deleted (old). Named `.DST.KIND-HOST-PID-TOKEN` (by older versions `.DST.KIND-TOKEN`).
+# (gguf), a replaced DST being deleted (old). Named `.DST.KIND-HOST-PID-TOKEN`.
 STAGING_KINDS = ("tmp", "gguf", "old")
 _HOST = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "localhost"
 # The destinations whose lock this process holds (`destination_lock`), and how many blocks hold each.
@@ -167,15 +167,15 @@ class StagingDirectory:
     """A directory a conversion to the same destination wrote, found beside it (`find_staging`)."""
 
     path: Path
-    host: str | None  # None: named by an older version, which recorded no process
-    pid: int | None
+    host: str
+    pid: int
     locked: bool = False  # whether the process that found it holds the destination's lock
 
     @property
     def state(self) -> str:
         """`dead`: its process, on this host, no longer runs. `running`: it does (or its pid was reused).
-        `unknown`: another host's, or named without a process."""
-        if self.pid is None or self.host != _HOST or os.name != "posix":  # Windows' os.kill would end the process
+        `unknown`: another host's."""
+        if self.host != _HOST or os.name != "posix":  # Windows' os.kill would end the process
             return "unknown"
         try:
             os.kill(self.pid, 0)
@@ -211,14 +211,12 @@ class StagingDirectory:
         elif self.state == "running" and self.locked:
             owner = (
                 f"of process {self.pid} on this host, which holds no lock on the destination (not a conversion: its "
-                "process id was reused, or an older path-hf wrote it)"
+                "process id was reused)"
             )
         elif self.state == "running":
             owner = f"of running process {self.pid} on this host (another conversion to the same destination?)"
-        elif self.pid is not None:
-            owner = f"of process {self.pid} on host {self.host}"
         else:
-            owner = "left by an older path-hf, which did not record its process"
+            owner = f"of process {self.pid} on host {self.host}"
         return f"{self.path} ({format_size(self.size)}), {owner}"
 
 
@@ -226,13 +224,13 @@ def find_staging(output: Path) -> list[StagingDirectory]:
     """The staging directories of conversions to `output` beside it, whoever wrote them, but this process."""
     output = output.resolve()
     pattern = re.compile(
-        rf"\.{re.escape(output.name)}\.(?:{'|'.join(STAGING_KINDS)})-(?:(?P<host>.+)-(?P<pid>\d+)-)?[0-9a-f]{{8}}"
+        rf"\.{re.escape(output.name)}\.(?:{'|'.join(STAGING_KINDS)})-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{{8}}"
     )
     if not output.parent.is_dir():
         return []
     locked = output in _held_locks
     found = [
-        StagingDirectory(path, named["host"], int(named["pid"]) if named["pid"] else None, locked)
+        StagingDirectory(path, named["host"], int(named["pid"]), locked)
         for path in sorted(output.parent.iterdir())
         if (named := pattern.fullmatch(path.name)) and path.is_dir() and not path.is_symlink()
     ]
