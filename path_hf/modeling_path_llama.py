@@ -18,8 +18,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, StaticLayer
-from transformers.conversion_mapping import register_checkpoint_conversion_mapping
-from transformers.core_model_loading import ConversionOps, WeightConverter, WeightRenaming
 from transformers.masking_utils import create_causal_mask, find_packed_sequence_indices
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
@@ -69,41 +67,6 @@ class PaTHGain(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         phase = torch.remainder(self.weight.float(), 2)
         return x * torch.where(phase <= 1, phase, 2 - phase)
-
-
-class PaTHGainInProjection(ConversionOps):
-    """Reads a gain stored inside its projection (`bt_proj.gain`, `g_proj.gain`: checkpoints written before the gains
-    had modules of their own) as the gain module's weight. Those gains acted clamped to [0, 1]: they load clamped."""
-
-    @torch.no_grad()
-    def convert(self, input_dict, source_patterns, target_patterns, **kwargs) -> dict[str, torch.Tensor]:
-        (tensors,) = input_dict.values()
-        gain = tensors[0] if isinstance(tensors, list) else tensors
-        return {target_patterns[0]: gain.clamp(0, 1)}
-
-
-class PaTHLoadOnlyConverter(WeightConverter):
-    """A `WeightConverter` applied when loading only: `save_pretrained` writes the current names, whatever the loaded
-    checkpoint used (its reverse renames a name to itself)."""
-
-    __slots__ = ()
-
-    def reverse_transform(self) -> WeightRenaming:
-        names = self._original_target_patterns
-        reverse = WeightRenaming(list(names), list(names))
-        reverse.scope_prefix, reverse.base_model_prefix = self.scope_prefix, self.base_model_prefix
-        return reverse
-
-
-# Checkpoints of the earlier layout (`bt_proj.gain`, `g_proj.gain`) keep loading, also as remote code.
-register_checkpoint_conversion_mapping(
-    PaTHLlamaConfig.model_type,
-    [
-        PaTHLoadOnlyConverter(rf"self_attn\.{proj}\.gain", f"self_attn.{gain}.weight", [PaTHGainInProjection()])
-        for proj, gain in (("bt_proj", "bt_gain"), ("g_proj", "g_gain"))
-    ],
-    overwrite=True,
-)
 
 
 class PaTHShortConvolution(nn.Conv1d):

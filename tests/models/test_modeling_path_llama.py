@@ -1,5 +1,4 @@
 import os
-import re
 import subprocess
 import sys
 
@@ -7,7 +6,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
-from safetensors.torch import load_file, save_file
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModel, AutoModelForCausalLM, DataCollatorWithFlattening
 from transformers.models.llama.modeling_llama import LlamaAttention, apply_rotary_pos_emb
@@ -171,38 +169,6 @@ def test_all_linear_lora_merges_into_the_same_model():
         merged = peft_model.merge_and_unload()
         assert not any("lora" in name for name, _ in merged.named_parameters())
         assert max_rel_err(merged(ids).logits, expected) < 1e-5
-
-
-def move_gains_into_the_projections(directory) -> None:
-    """Rewrite a saved model in the layout of path-hf before the gains had modules of their own: `bt_gain.weight`
-    and `g_gain.weight` stored as `bt_proj.gain` and `g_proj.gain`."""
-    file = directory / "model.safetensors"
-    tensors = load_file(file)
-    tensors = {re.sub(r"\.(bt|g)_gain\.weight$", r".\1_proj.gain", name): t for name, t in tensors.items()}
-    assert any(name.endswith("bt_proj.gain") for name in tensors)
-    save_file(tensors, file, metadata={"format": "pt"})
-
-
-def test_checkpoint_with_the_gains_in_the_projections_loads(tmp_path):
-    """Such a checkpoint (its gains acted clamped to [0, 1]) loads with the same logits, and saves in today's layout."""
-    model = tiny_model()
-    with torch.no_grad():
-        model.model.layers[0].self_attn.bt_gain.weight.copy_(torch.tensor([0.3, 1.0]))
-        model.model.layers[1].self_attn.g_gain.weight.copy_(torch.tensor([0.0, 0.5, 0.9, 1.0]))
-    model.save_pretrained(tmp_path / "old")
-    move_gains_into_the_projections(tmp_path / "old")
-    tensors = load_file(tmp_path / "old" / "model.safetensors")
-    # values outside [0, 1] acted as 0 or 1
-    tensors["model.layers.0.self_attn.bt_proj.gain"] = torch.tensor([0.3, 1.7])
-    tensors["model.layers.1.self_attn.g_proj.gain"] = torch.tensor([-0.4, 0.5, 0.9, 2.0])
-    save_file(tensors, tmp_path / "old" / "model.safetensors", metadata={"format": "pt"})
-
-    loaded, info = PaTHLlamaForCausalLM.from_pretrained(tmp_path / "old", output_loading_info=True)
-    assert not any(info.values())
-    ids = random_tokens(2, 10)
-    torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
-    loaded.save_pretrained(tmp_path / "resaved")
-    assert load_file(tmp_path / "resaved" / "model.safetensors").keys() == model.state_dict().keys()
 
 
 def reference_path_layer(attn: PaTHLlamaAttention, x: torch.Tensor, cos_sin, w_cos_sin=None) -> torch.Tensor:
@@ -621,12 +587,9 @@ torch.save({"logits": model(**inputs).logits, "sequences": out.sequences, "step_
 """
 
 
-@pytest.mark.parametrize("layout", ["current", "gains-in-projections"])
-def test_trust_remote_code_load_without_path_hf(layout, tmp_path):
+def test_trust_remote_code_load_without_path_hf(tmp_path):
     model = tiny_model(path_layers=[1], path_w_rank=4, qk_norm=True)
     model.save_pretrained(tmp_path / "model")
-    if layout == "gains-in-projections":
-        move_gains_into_the_projections(tmp_path / "model")
     assert {"modeling_path_llama.py", "configuration_path_llama.py", "cache_path_llama.py", "ops.py"} <= {
         p.name for p in (tmp_path / "model").iterdir()
     }
