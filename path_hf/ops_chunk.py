@@ -235,7 +235,7 @@ def _chunk_householder(
 def _minus_product(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """x - a @ b, a and b [..., M, K] and [..., K, N] of the same leading dims, x broadcastable to their product. In
     inference in one pass (`torch.baddbmm`: 0.9x the intra-chunk transform's time at T = 2048); under autograd as
-    two ops, whose backward is faster (forward+backward 1.03-1.08x the time with `baddbmm`; BENCHMARKS.md)."""
+    the two ops of before, since `baddbmm` made training no faster (BENCHMARKS.md)."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, a, b)):
         return x - a @ b
     batch = a.shape[:-2]
