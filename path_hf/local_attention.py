@@ -15,6 +15,7 @@ from transformers.cache_utils import DynamicLayer, StaticLayer
 from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
 from .configuration_path_llama import LOCAL_LAYER_TYPE
+from .ops_chunk import FUSED_CPU_ATTENTION
 
 # Queries scored at a time by `local_attention` (each against its window and the sinks): nothing of size T x T forms.
 BLOCK = 1024
@@ -22,7 +23,7 @@ BLOCK = 1024
 # renumbered sinks' scores join the window's softmax without forming the window's logits: about 3x faster than the
 # explicit products on one core (BENCHMARKS.md). Private to PyTorch, so `local_attention` falls back to the explicit
 # products where it is missing, or for a dtype it does not take.
-_FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FUSED = FUSED_CPU_ATTENTION
 if _FUSED is not None and "attn_mask" not in str(_FUSED.default._schema):  # older PyTorch: no mask, so no window
     _FUSED = None
 _FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16)

@@ -145,9 +145,13 @@ class _ChunkedInputs:
     causal: torch.Tensor  # [C, C] bool, lower triangle
     group: int  # G, query heads per key head
     batch: int  # B
-    superblock: int = (
-        0  # S: the layout [S, N / S * B, ...] of `_to_chunks`, for `_superblock_attention`; 0: [N, B, ...]
-    )
+    # S: the layout [S, N / S * B, ...] of `_to_chunks`, for `_superblock_attention`; 0: [N, B, ...]
+    superblock: int = 0
+
+    @property
+    def gate_rows(self) -> torch.Tensor | None:
+        """[N, B, H, G * C, 1]: G_i of each query row (`q`'s row order), None without a gate."""
+        return None if self.gate is None else self.gate.flatten(-2)[..., None]
 
     @property
     def n_chunks(self) -> int:
@@ -328,7 +332,6 @@ def _masked_logits(chunks: _ChunkedInputs, scores: torch.Tensor, queries: slice,
 def _fold_gate(
     chunks: _ChunkedInputs,
     *,
-    gate_q: torch.Tensor | None,
     q_start: torch.Tensor,
     k_end: torch.Tensor,
     p: torch.Tensor,
@@ -344,7 +347,7 @@ def _fold_gate(
     dtype, device = p.dtype, p.device
     extra = 1 + G
     rows = torch.eye(G, dtype=dtype, device=device).repeat_interleave(C, 0)  # [G * C, G]: e_h of each row
-    q_walk = torch.cat([q_start, gate_q, rows.expand(*q_start.shape[:-2], -1, -1)], -1)
+    q_walk = torch.cat([q_start, chunks.gate_rows, rows.expand(*q_start.shape[:-2], -1, -1)], -1)
     k_walk = torch.cat([k_end, k_end.new_ones(*k_end.shape[:-1], 1), -chunks.gate.transpose(-1, -2)], -1)
     p_walk = torch.zeros(*p.shape[:-2], D + extra, D + extra, dtype=dtype, device=device)
     p_walk[..., :D, :D] = p
@@ -394,7 +397,7 @@ def _softmax_walk(
         gate_q = None  # folded into q_walk and k_walk
     else:
         q_prod, v_prod = q_walk.to(product_dtype), v.to(product_dtype)
-        gate_q = None if chunks.gate is None else chunks.gate.flatten(-2)[..., None]  # [N, B, H, G * C, 1]: G_i
+        gate_q = chunks.gate_rows
     s = _masked_logits(chunks, logits, queries=slice(None), keys=slice(None))
     m_out = s.amax(-1, keepdim=True)
     acc_out = _exp_(s - m_out) @ v  # the ones column of v makes the last column the softmax denominator
@@ -524,18 +527,16 @@ def _inter_chunk(
     Chunks in the superblock layout (inference only) go to `_superblock_attention`.
     """
     N, C = chunks.n_chunks, chunks.chunk_size
-    gate_q = None
     if chunks.gate is not None:
-        gate_q = chunks.gate.flatten(-2)[..., None]  # [N, B, H, G * C, 1]: G_i of each query row
         gate_k = chunks.gate[..., None, :]  # [N, B, H, G, 1, C]: G_j of each key, per query head
-        logits = logits + gate_q - _chunk_rows(gate_k.expand(-1, -1, -1, -1, C, -1))
+        logits = logits + chunks.gate_rows - _chunk_rows(gate_k.expand(-1, -1, -1, -1, C, -1))
     if not requires_grad:
         if chunks.superblock:
             return _superblock_attention(
                 chunks, logits=logits, q_start=q_start, k_end=k_end, p=p, product_dtype=product_dtype
             )
         return _inference_walk(chunks, logits, q_start, k_end, p, last_step=last_step, product_dtype=product_dtype)[0]
-    q_walk, k_walk, p_walk = _fold_gate(chunks, gate_q=gate_q, q_start=q_start, k_end=k_end, p=p)
+    q_walk, k_walk, p_walk = _fold_gate(chunks, q_start=q_start, k_end=k_end, p=p)
     # Backward starts from the running keys of every step, or, if they are large (or the caller says), from those of
     # each segment's first step, recomputing the others: memory O(T * (C + D)).
     B, H = chunks.k.shape[1:3]
@@ -561,8 +562,7 @@ def _inference_walk(
             chunks, logits, q_start, k_end, p, last_step=last_step, keep_keys=None, product_dtype=product_dtype
         )
         return walk[0], walk[1]
-    gate_q = None if chunks.gate is None else chunks.gate.flatten(-2)[..., None]
-    q_walk, k_walk, p_walk = _fold_gate(chunks, gate_q=gate_q, q_start=q_start, k_end=k_end, p=p)
+    q_walk, k_walk, p_walk = _fold_gate(chunks, q_start=q_start, k_end=k_end, p=p)
     walk = _softmax_walk(chunks, logits, q_walk, k_walk, p_walk, last_step=last_step, keep_keys=None)
     return walk[0], walk[1]
 
@@ -588,9 +588,9 @@ def _superblock_blocks(length: int, block: int, tokens: int) -> int:
 
 
 _SUPERBLOCK_TOKENS = 512
-# PyTorch's fused CPU attention that also returns the row log-sum-exp: a private op, so None where this torch lacks
-# it, and then no superblocks.
-_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+# PyTorch's fused CPU attention that also returns the row log-sum-exp (also `local_attention`'s): a private op, so
+# None where this torch lacks it, and then no superblocks.
+FUSED_CPU_ATTENTION = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def _superblock_heads(x: torch.Tensor, batch: int) -> torch.Tensor:
@@ -620,7 +620,9 @@ def _far_attention(
         seen = (j - 1) * K
         keys[:, :, :seen, :D] = keys[:, :, :seen, :D] @ p_far[j - 1].transpose(-1, -2)
         keys[:, :, seen : seen + K] = k_far[j - 1]
-        o_j, lse_j = _FLASH_CPU(q_far[j], keys[:, :, : seen + K].to(q_far.dtype), values[:, :, : seen + K], scale=1.0)
+        o_j, lse_j = FUSED_CPU_ATTENTION(
+            q_far[j], keys[:, :, : seen + K].to(q_far.dtype), values[:, :, : seen + K], scale=1.0
+        )
         out[j], lse[j, ..., 0] = o_j, lse_j
     return out, lse
 
@@ -675,7 +677,7 @@ def _superblock_attention(
     o_far = o_far.unflatten(-2, (S, G * C)).permute(3, 0, 1, 2, 4, 5).flatten(1, 2)[..., :DV]
     lse_far = lse_far.unflatten(-2, (S, G * C)).permute(3, 0, 1, 2, 4, 5).flatten(1, 2)
     if chunks.gate is not None:
-        lse_far = lse_far + chunks.gate.flatten(-2)[..., None]
+        lse_far = lse_far + chunks.gate_rows
     lse = torch.logaddexp(lse_near, lse_far)
     return o_near * (lse_near - lse).exp() + o_far.to(o_near.dtype) * (lse_far - lse).exp()
 
@@ -764,7 +766,7 @@ def chunk_path_attention(
     if product_dtype == "auto":
         product_dtype = walk_product_dtype(q, requires_grad)
     superblock = 0  # superblocks: inference on CPU, unpacked, over unmerged chunks (faster there: BENCHMARKS.md)
-    if not requires_grad and cu_seqlens is None and q.device.type == "cpu" and not walk_merges and _FLASH_CPU:
+    if not requires_grad and cu_seqlens is None and q.device.type == "cpu" and not walk_merges and FUSED_CPU_ATTENTION:
         tokens = _SUPERBLOCK_TOKENS if superblock_tokens is None else superblock_tokens
         superblock = _superblock_blocks(T, chunk_size, tokens)
     merges = 0 if superblock else _walk_merges(T, chunk_size) if walk_merges is None else walk_merges
