@@ -332,6 +332,7 @@ def _masked_logits(chunks: _ChunkedInputs, scores: torch.Tensor, queries: slice,
 def _fold_gate(
     chunks: _ChunkedInputs,
     *,
+    gate_q: torch.Tensor | None,
     q_start: torch.Tensor,
     k_end: torch.Tensor,
     p: torch.Tensor,
@@ -347,7 +348,7 @@ def _fold_gate(
     dtype, device = p.dtype, p.device
     extra = 1 + G
     rows = torch.eye(G, dtype=dtype, device=device).repeat_interleave(C, 0)  # [G * C, G]: e_h of each row
-    q_walk = torch.cat([q_start, chunks.gate_rows, rows.expand(*q_start.shape[:-2], -1, -1)], -1)
+    q_walk = torch.cat([q_start, gate_q, rows.expand(*q_start.shape[:-2], -1, -1)], -1)
     k_walk = torch.cat([k_end, k_end.new_ones(*k_end.shape[:-1], 1), -chunks.gate.transpose(-1, -2)], -1)
     p_walk = torch.zeros(*p.shape[:-2], D + extra, D + extra, dtype=dtype, device=device)
     p_walk[..., :D, :D] = p
@@ -527,16 +528,17 @@ def _inter_chunk(
     Chunks in the superblock layout (inference only) go to `_superblock_attention`.
     """
     N, C = chunks.n_chunks, chunks.chunk_size
-    if chunks.gate is not None:
+    gate_q = chunks.gate_rows  # one node for both uses: autograd sums its two gradients there, as it always did
+    if gate_q is not None:
         gate_k = chunks.gate[..., None, :]  # [N, B, H, G, 1, C]: G_j of each key, per query head
-        logits = logits + chunks.gate_rows - _chunk_rows(gate_k.expand(-1, -1, -1, -1, C, -1))
+        logits = logits + gate_q - _chunk_rows(gate_k.expand(-1, -1, -1, -1, C, -1))
     if not requires_grad:
         if chunks.superblock:
             return _superblock_attention(
                 chunks, logits=logits, q_start=q_start, k_end=k_end, p=p, product_dtype=product_dtype
             )
         return _inference_walk(chunks, logits, q_start, k_end, p, last_step=last_step, product_dtype=product_dtype)[0]
-    q_walk, k_walk, p_walk = _fold_gate(chunks, q_start=q_start, k_end=k_end, p=p)
+    q_walk, k_walk, p_walk = _fold_gate(chunks, gate_q=gate_q, q_start=q_start, k_end=k_end, p=p)
     # Backward starts from the running keys of every step, or, if they are large (or the caller says), from those of
     # each segment's first step, recomputing the others: memory O(T * (C + D)).
     B, H = chunks.k.shape[1:3]
@@ -562,7 +564,7 @@ def _inference_walk(
             chunks, logits, q_start, k_end, p, last_step=last_step, keep_keys=None, product_dtype=product_dtype
         )
         return walk[0], walk[1]
-    q_walk, k_walk, p_walk = _fold_gate(chunks, q_start=q_start, k_end=k_end, p=p)
+    q_walk, k_walk, p_walk = _fold_gate(chunks, gate_q=chunks.gate_rows, q_start=q_start, k_end=k_end, p=p)
     walk = _softmax_walk(chunks, logits, q_walk, k_walk, p_walk, last_step=last_step, keep_keys=None)
     return walk[0], walk[1]
 
