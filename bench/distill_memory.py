@@ -37,8 +37,8 @@ def cases(thresholds: list[float]) -> dict[str, tuple[bool, float]]:
 def measure(args: argparse.Namespace, whole_weights: bool) -> dict:
     import torch
 
-    from path_hf.conversion.loading import load_causal_lm
     from path_hf.evaluation import IGNORE_INDEX
+    from path_hf.loading import load_causal_lm
     from path_hf.recipes.arguments import TrainingArguments
     from path_hf.recipes.losses import distillation_loss
     from path_hf.recipes.models import teacher_dtype, trainable_model

@@ -76,7 +76,7 @@ def ops_at(commit: str):
 
 def load(path: str, dtype: torch.dtype):
     import path_hf  # noqa: F401  (registers path_llama)
-    from path_hf.conversion.loading import load_causal_lm
+    from path_hf.loading import load_causal_lm
 
     return load_causal_lm(path, dtype=dtype)
 

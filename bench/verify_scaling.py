@@ -157,10 +157,10 @@ def perturb(tensor):
 
 def convert_wrong(kind: str, argv: list[str]) -> int:
     """`path-hf convert ARGV` in this process, with the written checkpoint made wrong before it is verified."""
-    import path_hf.conversion.convert
+    import path_hf.commands.convert
     from path_hf.cli import main
 
-    write_conversion = path_hf.conversion.convert.write_conversion
+    write_conversion = path_hf.commands.convert.write_conversion
 
     def write_then_break(plan, directory):
         write_conversion(plan, directory)
@@ -169,7 +169,7 @@ def convert_wrong(kind: str, argv: list[str]) -> int:
         else:
             edit_in_place(directory, (PERTURBED,), perturb)
 
-    path_hf.conversion.convert.write_conversion = write_then_break
+    path_hf.commands.convert.write_conversion = write_then_break
     return main(argv)
 
 

@@ -12,10 +12,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from .arguments import add_arguments, from_arguments
-from .conversion.convert import convert
+from .commands.convert import convert
+from .commands.eval import EvalOptions, run_eval
 from .conversion.options import ConvertOptions
 from .errors import CommandError
-from .evaluation.command import EvalOptions, run_eval
 
 
 def build_parser() -> argparse.ArgumentParser:

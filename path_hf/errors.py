@@ -6,6 +6,11 @@ class CommandError(Exception):
     """A `path-hf` command was refused or failed; printed as `error: <message>`, exit code 1."""
 
 
+class SourceError(CommandError):
+    """A model, config or tokenizer that `path_hf.loading` cannot find or read (a missing path, a damaged GGUF); each
+    command re-raises it as its own error type, naming the option that gave the source."""
+
+
 class ConversionError(CommandError):
     """A conversion was refused or failed; the message says why and what to do about it.
 
@@ -27,4 +32,4 @@ def first_line(error: BaseException) -> str:
     return (str(error).strip() or type(error).__name__).splitlines()[0]
 
 
-__all__ = ["CommandError", "ConversionError", "EvaluationError", "RecipeError", "first_line"]
+__all__ = ["CommandError", "ConversionError", "EvaluationError", "RecipeError", "SourceError", "first_line"]

@@ -9,7 +9,7 @@ OMP_NUM_THREADS=1 python examples/smollm2/attention_mass.py \\
 ```
 
 Each `--model [LABEL=]PATH` (a checkpoint directory, a hub id or a .gguf file, loaded as `path-hf eval` loads it:
-`conversion.loading`) reads the first `--length` T tokens of `--data` in its own tokenizer (`read_texts`,
+`path_hf.loading`) reads the first `--length` T tokens of `--data` in its own tokenizer (`read_texts`,
 `tokenize_stream`, as `path-hf eval` reads them). `path_hf.evaluation.attention_mass` then measures, at each of the
 last `--queries` Q positions i of that window and for every layer, the attention probability on the first token
 (`sink_mass`) and on the keys more than `--far` F positions back, `0 < j < i - F` (`far_mass`), exactly: the first
@@ -36,10 +36,10 @@ import torch
 import path_hf  # noqa: F401  (registers PaTHLlama with the Auto classes)
 from path_hf.arguments import DTYPES
 from path_hf.atomic import atomic_file
-from path_hf.conversion.loading import load_causal_lm, load_tokenizer
+from path_hf.commands.eval import ModelSpec, _train_length
 from path_hf.errors import CommandError
 from path_hf.evaluation import attention_mass, read_texts, rope_scaling, tokenize_stream
-from path_hf.evaluation.command import ModelSpec, _train_length
+from path_hf.loading import load_causal_lm, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 

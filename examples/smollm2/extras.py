@@ -29,8 +29,8 @@ import torch
 from precision import precision_drift  # beside this script, which runs as one (its folder is on sys.path)
 
 import path_hf  # noqa: F401  (registers PaTHLlama)
-from path_hf.conversion.loading import load_causal_lm, load_tokenizer
 from path_hf.evaluation import read_texts, tokenize_stream
+from path_hf.loading import load_causal_lm, load_tokenizer
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

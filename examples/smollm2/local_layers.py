@@ -44,9 +44,9 @@ from attention_mass import shown  # noqa: E402  (paths relative to the repositor
 
 import path_hf  # noqa: E402, F401  (registers PaTHLlama with the Auto classes)
 from path_hf.atomic import atomic_file  # noqa: E402
-from path_hf.conversion.loading import load_causal_lm, load_tokenizer  # noqa: E402
 from path_hf.errors import CommandError  # noqa: E402
 from path_hf.evaluation import read_texts, rope_parameters_for, tokenize_stream  # noqa: E402
+from path_hf.loading import load_causal_lm, load_tokenizer  # noqa: E402
 from path_hf.local_attention import local_attention  # noqa: E402
 
 

@@ -40,9 +40,9 @@ from pathlib import Path
 import torch
 
 import path_hf.ops_chunk as ops_chunk
-from path_hf.conversion.loading import load_causal_lm, load_tokenizer
 from path_hf.evaluation import IGNORE_INDEX, Window, passkey_windows, rope_scaling
 from path_hf.evaluation.scoring import position_logits
+from path_hf.loading import load_causal_lm, load_tokenizer
 
 
 @contextlib.contextmanager

@@ -38,9 +38,9 @@ from torch import nn
 
 import path_hf  # noqa: F401  (registers PaTHLlama with the Auto classes)
 from path_hf.arguments import DTYPES
-from path_hf.conversion.loading import load_causal_lm, load_tokenizer
 from path_hf.errors import CommandError
 from path_hf.evaluation import read_texts, tokenize_stream
+from path_hf.loading import load_causal_lm, load_tokenizer
 
 
 def _hidden_states(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
@@ -138,7 +138,7 @@ def precision_drift(
     """How far `model_path` loaded in `dtype` is from the same model loaded in `reference_dtype`, on the first
     `windows` non-overlapping windows of `length` tokens of `token_ids` (one stream).
 
-    Any causal LM that `conversion.loading.load_causal_lm` loads works (a checkpoint of a Llama or a PaTHLlama, or a
+    Any causal LM that `path_hf.loading.load_causal_lm` loads works (a checkpoint of a Llama or a PaTHLlama, or a
     GGUF file). Returns `logit_drift`'s statistics, plus `model`, `dtype`, `reference_dtype`,
     `length`, `windows` and `weights_only`.
 

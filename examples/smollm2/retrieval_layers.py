@@ -38,8 +38,8 @@ from local_layers import hybrid  # noqa: E402
 
 import path_hf  # noqa: E402, F401  (registers PaTHLlama with the Auto classes)
 from path_hf.atomic import atomic_file  # noqa: E402
-from path_hf.conversion.loading import load_causal_lm, load_tokenizer  # noqa: E402
 from path_hf.evaluation import answer_scores, needle_mass, needle_span, passkey_windows  # noqa: E402
+from path_hf.loading import load_causal_lm, load_tokenizer  # noqa: E402
 
 
 def expand(rows: list[str], num_layers: int) -> dict[str, list[int]]:

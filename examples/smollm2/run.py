@@ -44,10 +44,10 @@ from pathlib import Path
 import yaml
 
 from path_hf.atomic import atomic_file
-from path_hf.conversion.loading import load_config
+from path_hf.commands.eval import ModelSpec, common_train_length
 from path_hf.conversion.options import parse_layers
 from path_hf.evaluation import plot_lengths
-from path_hf.evaluation.command import ModelSpec, common_train_length
+from path_hf.loading import load_config
 from path_hf.recipes.models import convert_flags
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import time
 import torch
 
 from ..errors import ConversionError, first_line
-from .loading import load_causal_lm, load_tokenizer
+from ..loading import load_causal_lm, load_tokenizer
 from .options import RETRIEVAL_LENGTH, ConvertOptions, format_layers
 from .plan import check_source_links, read_source_config, source_context
 from .sources import Source, fetch_weights

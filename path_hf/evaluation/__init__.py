@@ -22,7 +22,6 @@ One implementation for the recipes' recovery tracking, `path-hf eval` and the de
   steps (each layer's one row of probabilities), for PaTH and RoPE layers alike.
 - `retrieval_heads`: each head's attention on a passkey's needle when the model writes the key (the retrieval heads),
   and the layers ranked by their strongest head (`path-hf convert --retrieval-layers` keeps those as PaTH layers).
-- `command`: `path-hf eval`.
 
 ```python
 from path_hf.evaluation import passkey_accuracy, perplexity, read_texts, tokenize_stream

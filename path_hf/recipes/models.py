@@ -20,10 +20,10 @@ from transformers import PretrainedConfig
 
 from .. import PaTHLlamaAttention, PaTHLlamaConfig, PaTHLlamaForCausalLM
 from ..arguments import flag
-from ..conversion.convert import convert
-from ..conversion.loading import load_causal_lm, load_config
+from ..commands.convert import convert
 from ..conversion.options import RUN_OPTIONS, ConvertOptions
-from ..errors import ConversionError, RecipeError, first_line
+from ..errors import ConversionError, RecipeError, SourceError, first_line
+from ..loading import load_causal_lm, load_config
 from ..modeling_path_llama import FORGET_GATE_MODULES, LAYER_PARAMETER, PATH_MODULES
 from ..ops_chunk import cpu_multiplies_bf16
 from .arguments import ModelArguments, RecipeConfig, Stage, TrainingArguments
@@ -75,10 +75,10 @@ def plan_models(config: RecipeConfig) -> ModelPlan:
 
 
 def _load_config(name: str, field_name: str) -> PretrainedConfig:
-    """The config of a checkpoint directory, hub id or GGUF file (`conversion.loading`)."""
+    """The config of a checkpoint directory, hub id or GGUF file (`path_hf.loading`)."""
     try:
         return load_config(name)
-    except (OSError, ValueError, ConversionError) as error:
+    except (OSError, ValueError, SourceError) as error:
         raise RecipeError(f"{field_name} {name}: cannot read its config ({first_line(error)})") from error
 
 
@@ -155,11 +155,11 @@ def load_models(
 
 
 def _load_causal_lm(name: str, dtype: torch.dtype, field_name: str) -> nn.Module:
-    """The model of a checkpoint directory, hub id or GGUF file (`conversion.loading`), whose config `plan_models`
+    """The model of a checkpoint directory, hub id or GGUF file (`path_hf.loading`), whose config `plan_models`
     read: what fails now are its weights (missing, damaged)."""
     try:
         return load_causal_lm(name, dtype)
-    except (OSError, ValueError, SafetensorError, ConversionError) as error:
+    except (OSError, ValueError, SafetensorError, SourceError) as error:
         raise RecipeError(f"{field_name} {name}: cannot load its weights ({first_line(error)})") from error
 
 

@@ -28,8 +28,8 @@ from accelerate.utils import ProjectConfiguration, set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..conversion.loading import load_tokenizer
 from ..errors import CommandError, RecipeError
+from ..loading import load_tokenizer
 from .arguments import RecipeConfig, TrainingArguments, parse_command, read_config
 from .checkpoints import (
     Checkpointer,

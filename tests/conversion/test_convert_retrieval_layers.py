@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from path_hf.conversion.loading import load_causal_lm, load_tokenizer
 from path_hf.conversion.options import format_layers
 from path_hf.errors import RecipeError
 from path_hf.evaluation import passkey_windows
+from path_hf.loading import load_causal_lm, load_tokenizer
 from path_hf.recipes.arguments import ModelArguments
 from path_hf.recipes.models import conversion_options
 from tests.conversion.checkpoints import make_source, run_cli

@@ -8,6 +8,11 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from path_hf.cli import main
+from path_hf.commands.convert import convert
+from path_hf.commands.eval import EvalOptions, ModelSpec, run_eval
+from path_hf.conversion import ConvertOptions
+from path_hf.errors import ConversionError, EvaluationError, SourceError
+from path_hf.loading import GGUFFile, load_config
 from tests.conversion.gguf_files import tiny_model, write_gguf
 from tests.evaluation.eval_models import EVAL_DATA, TOKENIZER
 
@@ -48,6 +53,35 @@ def test_an_unreadable_gguf_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 1 and err.count("\n") == 1
     assert err.startswith(f"error: --model {gguf_path}: {gguf_path} is not a readable GGUF file"), err
+
+
+def test_loading_errors_are_each_commands_own(tmp_path):
+    """`path_hf.loading` raises `SourceError`: `path-hf eval` turns it into an `EvaluationError` naming the option, the
+    converter into a `ConversionError` (never the other command's type)."""
+    gguf_path = tmp_path / "broken.gguf"
+    gguf_path.write_bytes(b"GGUF" + bytes(100))
+    with pytest.raises(SourceError, match="is not a readable GGUF file") as raised:
+        load_config(str(gguf_path))
+    assert not isinstance(raised.value, (ConversionError, EvaluationError))
+    options = EvalOptions(models=[ModelSpec.parse(str(gguf_path))], data=[str(EVAL_DATA)], lengths=(32,))
+    with pytest.raises(EvaluationError, match=f"--model {gguf_path}: {gguf_path} is not a readable GGUF file"):
+        run_eval(options)
+    with pytest.raises(ConversionError, match="is not a readable GGUF file"):
+        convert(ConvertOptions(source=str(gguf_path), output=str(tmp_path / "out")))
+
+
+@pytest.mark.parametrize("arch", ["phi3", "mixture-of-experts"])
+def test_the_converters_limits_are_not_the_loaders(arch, tmp_path):
+    """What the converter refuses of a GGUF (an architecture it does not convert, a mixture of experts) is its own
+    check: `path_hf.loading` reads the header and leaves judging the model to the command (eval hands it to
+    transformers)."""
+    extra = {"llama.expert_count": 4} if arch == "mixture-of-experts" else None
+    gguf_arch = "llama" if arch == "mixture-of-experts" else arch
+    gguf_path = write_gguf(tmp_path / "model.gguf", tiny_model(), gguf_arch, "F32", extra=extra, tokenizer=False)
+    with pytest.raises(ConversionError, match="which path-hf cannot convert"):
+        convert(ConvertOptions(source=str(gguf_path), output=str(tmp_path / "out"), dry_run=True))
+    file = GGUFFile.read(gguf_path)  # the header reads: loading does not judge the architecture
+    assert file.architecture == gguf_arch and file.experts == (4 if extra else 0)
 
 
 def test_the_tokenizer_of_a_gguf(other_tokenizer, tmp_path, capsys):

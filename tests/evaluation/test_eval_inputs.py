@@ -25,8 +25,8 @@ from transformers import (
 )
 
 from path_hf.cli import main
+from path_hf.commands.eval import ModelSpec
 from path_hf.evaluation import attends_causally, data_files, load_texts, read_texts
-from path_hf.evaluation.command import ModelSpec
 from tests.evaluation.eval_models import EVAL_DATA, TOKENIZER, shapes
 
 

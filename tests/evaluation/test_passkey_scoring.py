@@ -21,6 +21,7 @@ from transformers import (
 
 from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
 from path_hf.cli import main
+from path_hf.commands.eval import EvalOptions, ModelSpec, parse_depths
 from path_hf.errors import EvaluationError
 from path_hf.evaluation import (
     IGNORE_INDEX,
@@ -36,7 +37,6 @@ from path_hf.evaluation import (
     passkey_windows,
     scoring,
 )
-from path_hf.evaluation.command import EvalOptions, ModelSpec, parse_depths
 from path_hf.evaluation.scoring import position_logits, window_batches
 from tests.evaluation.eval_models import EVAL_DATA, shapes
 

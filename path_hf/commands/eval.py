@@ -8,7 +8,7 @@ path-hf eval --model source=meta-llama/Llama-3.2-1B --model yarn=meta-llama/Llam
 ```
 
 A model is `[LABEL=]PATH[@ROPE[:FACTOR]]`: any checkpoint `AutoModelForCausalLM.from_pretrained` loads, or a
-llama.cpp GGUF file (read by transformers and dequantised whole to `--dtype`, `conversion.loading`), evaluated as it
+llama.cpp GGUF file (read by transformers and dequantised whole to `--dtype`, `path_hf.loading`), evaluated as it
 is or, with `@yarn`, `@dynamic` or `@linear`, with transformers' RoPE scaling of that type swapped in (see
 `path_hf.evaluation.rope_scaling`). Without a FACTOR, YaRN and linear use `length / train length` at each length (no
 scaling at or below the training length) and dynamic NTK uses 1 (it rescales by the sequence length itself).
@@ -41,12 +41,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from path_hf.evaluation import COPY_SPAN, ROPE_SCALING_TYPES
-
 from ..arguments import DTYPES
 from ..arguments import flag as option_flag
 from ..atomic import atomic_file
-from ..errors import ConversionError, EvaluationError
+from ..errors import EvaluationError, SourceError
+from ..evaluation import COPY_SPAN, ROPE_SCALING_TYPES
 
 
 @dataclass(frozen=True)
@@ -371,7 +370,7 @@ def _loading(flag: str, source: str):
     except (OSError, ValueError) as error:
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise EvaluationError(f"{flag} {source}: cannot load it ({first_line})") from error
-    except ConversionError as error:  # a GGUF that cannot be read, a path that does not exist
+    except SourceError as error:  # a GGUF that cannot be read, a path that does not exist
         raise EvaluationError(f"{flag} {source}: {error}") from error
 
 
@@ -388,8 +387,7 @@ def check_model(spec: ModelSpec, options: EvalOptions):
     """Refuse, before any weights are loaded, a `--model` whose config is an encoder-decoder, a RoPE scaling without
     a training length, and a local checkpoint directory without tokenizer files (a GGUF carries its own tokenizer).
     Returns the model's config."""
-    from ..conversion.gguf import find_gguf
-    from ..conversion.loading import load_config
+    from ..loading import find_gguf, load_config
 
     with _loading("--model", spec.path):
         config = load_config(spec.path, trust_remote_code=options.trust_remote_code)
@@ -427,9 +425,8 @@ class Tokens:
 def _tokenize(flag: str, source: str, label: str, options: EvalOptions, texts: list[str]) -> Tokens:
     """The tokenizer of `source` and the data in it; refuses a tokenizer without a vocabulary, one that does not fit
     the text, and too little text for the longest length."""
-    from path_hf.evaluation import passkey_windows, tokenize_stream
-
-    from ..conversion.loading import load_tokenizer
+    from ..evaluation import passkey_windows, tokenize_stream
+    from ..loading import load_tokenizer
 
     with _loading(flag, source):
         tokenizer = load_tokenizer(source, trust_remote_code=options.trust_remote_code)
@@ -488,13 +485,13 @@ def _check_vocabulary(spec: ModelSpec, options: EvalOptions, tokens: Tokens, voc
 def _own_tokenizer(spec: ModelSpec) -> str | None:
     """Where the model of `spec` keeps a tokenizer of its own, if it is local: a GGUF with one in its metadata, or a
     checkpoint directory with tokenizer files (a hub id is not asked: that would need the network)."""
-    from ..conversion.gguf import GGUFFile, find_gguf
+    from ..loading import GGUFFile, find_gguf
 
     try:
         gguf = find_gguf(spec.path)
         if gguf is not None:
             return spec.path if GGUFFile.read(gguf).has_tokenizer else None
-    except ConversionError:
+    except SourceError:
         return None
     directory = Path(spec.path).expanduser()
     return spec.path if directory.is_dir() and _has_tokenizer_files(directory) else None
@@ -508,9 +505,8 @@ def _check_own_tokenizer(spec: ModelSpec, options: EvalOptions, tokens: Tokens, 
     """Refuse a `--tokenizer` that writes other ids than the model's own tokenizer on the start of the data. Their
     vocabulary sizes may differ (one padded, one with extra special tokens) as long as the ids agree; a model whose
     own tokenizer does not load (a reason to pass another) is not compared."""
-    from path_hf.evaluation import tokenize_stream
-
-    from ..conversion.loading import load_tokenizer
+    from ..evaluation import tokenize_stream
+    from ..loading import load_tokenizer
 
     own_source = _own_tokenizer(spec)
     given = Path(options.tokenizer).expanduser()
@@ -556,9 +552,9 @@ def _model(spec: ModelSpec, options: EvalOptions, device: str):
     import torch
 
     import path_hf  # noqa: F401  (registers PaTHLlama with the Auto classes)
-    from path_hf.evaluation import attends_causally
 
-    from ..conversion.loading import load_causal_lm
+    from ..evaluation import attends_causally
+    from ..loading import load_causal_lm
 
     with _loading("--model", spec.path):
         model = load_causal_lm(
@@ -574,7 +570,7 @@ def _model(spec: ModelSpec, options: EvalOptions, device: str):
 def _measure(model, tokenizer, stream: list[int], length: int, factor: float | None, options: EvalOptions) -> dict:
     """Perplexity (and passkey and copy accuracy) of `model` as it is at one context length (`factor`: its RoPE
     scaling's)."""
-    from path_hf.evaluation import (
+    from ..evaluation import (
         accuracy_by_depth,
         answer_scores,
         copy_scores,
@@ -640,7 +636,7 @@ def evaluate_model(
     being computed again."""
     import torch
 
-    from path_hf.evaluation import rope_scaling
+    from ..evaluation import rope_scaling
 
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer, stream = tokens.tokenizer, tokens.stream
@@ -718,7 +714,7 @@ def format_table(report: dict) -> str:
 
 def run_eval(options: EvalOptions) -> dict:
     """Evaluate every model of `options`; print the table, write the JSON and the plot; returns the report."""
-    from path_hf.evaluation import plot_lengths, read_texts
+    from ..evaluation import plot_lengths, read_texts
 
     options.check()
     try:

@@ -1,6 +1,7 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
 """`path-hf convert`: plan a conversion from headers and config alone (`conversion.plan`), then stream it into a
-new directory (`conversion.write`), optionally verified (`conversion.verify`).
+new directory (`conversion.write`), optionally verified (`conversion.verify`). The command over the `conversion`
+package, beside `path-hf eval` (`commands.eval`).
 
 Everything goes to a staging directory beside the destination, renamed into place at the end (`conversion.staging`);
 a GGUF source is first materialised as a checkpoint beside it (`conversion.gguf`). Ctrl-C, SIGTERM or an error
@@ -14,12 +15,13 @@ import time
 from pathlib import Path
 
 from ..atomic import atomic_directory
-from .gguf import gguf_source
-from .options import ConvertOptions, format_size
-from .plan import ConversionPlan, plan_conversion
-from .sources import resolve_source
-from .staging import check_destination, clear_stale_staging, destination_lock, staging_directory
-from .write import write_conversion
+from ..conversion.gguf import gguf_source
+from ..conversion.options import ConvertOptions, format_size
+from ..conversion.plan import ConversionPlan, plan_conversion
+from ..conversion.sources import resolve_source
+from ..conversion.staging import check_destination, clear_stale_staging, destination_lock, staging_directory
+from ..conversion.write import write_conversion
+from ..errors import ConversionError, SourceError
 
 
 def convert(options: ConvertOptions) -> ConversionPlan:
@@ -28,7 +30,15 @@ def convert(options: ConvertOptions) -> ConversionPlan:
     output is in place (`destination_lock`: a second conversion to it is refused meanwhile). Staging directories that
     killed conversions to the same destination left are removed next (`clear_stale_staging`). A GGUF source is
     materialised beside the destination, and removed at the end whatever happens. With `--retrieval-layers` the source
-    runs first, to choose the PaTH layers (`conversion.retrieval`)."""
+    runs first, to choose the PaTH layers (`conversion.retrieval`). A source that cannot be found or read
+    (`path_hf.loading`'s `SourceError`) raises `ConversionError` with the same message."""
+    try:
+        return _convert(options)
+    except SourceError as error:
+        raise ConversionError(str(error)) from error
+
+
+def _convert(options: ConvertOptions) -> ConversionPlan:
     output = Path(options.output).expanduser().resolve()
     local = Path(options.source).expanduser()
     # Before anything is made beside it; the plan checks it again, against a hub source too.
@@ -37,7 +47,9 @@ def convert(options: ConvertOptions) -> ConversionPlan:
         clear_stale_staging(output, remove=not options.dry_run)
         with gguf_source(options) as source:
             if options.retrieval_layers is not None:
-                from .retrieval import choose_retrieval_layers  # runs the source: imported only when asked for
+                from ..conversion.retrieval import (
+                    choose_retrieval_layers,  # runs the source: imported only when asked for
+                )
 
                 source = source or resolve_source(options.source, options.revision)
                 options = choose_retrieval_layers(options, source)
@@ -51,7 +63,7 @@ def convert(options: ConvertOptions) -> ConversionPlan:
                 write_conversion(plan, staging)
                 seconds = time.perf_counter() - start
                 if options.verify:
-                    from .verify import verify_conversion  # builds models: imported only when asked for
+                    from ..conversion.verify import verify_conversion  # builds models: imported only when asked for
 
                     verify_conversion(plan, staging)
             print(f"wrote {output} ({format_size(plan.bytes_to_write)} in {seconds:.1f} s)", flush=True)
