@@ -9,7 +9,7 @@ weights: a saved model then loads with `trust_remote_code=True` where path_hf is
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .cache_path_llama import PaTHCacheLayer, PaTHStaticCacheLayer
-from .configuration_path_llama import PaTHLlamaConfig
+from .configuration_path_llama import PaTHLlamaConfig, RopeMode
 from .local_attention import LocalCacheLayer
 from .modeling_path_llama import (
     PaTHLlamaAttention,
@@ -41,5 +41,6 @@ __all__ = [
     "PaTHLlamaPreTrainedModel",
     "PaTHLlamaRoPEAttention",
     "PaTHStaticCacheLayer",
+    "RopeMode",
     "init_path_parameters",
 ]

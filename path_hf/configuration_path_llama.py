@@ -1,12 +1,29 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
 """PaTHLlama model configuration."""
 
+from enum import StrEnum
+
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
 
 from .ops import BACKENDS
 
-ROPE_MODES = ("drop", "keep", "interleave")
+
+class RopeMode(StrEnum):
+    """What the PaTH layers do with the source's RoPE (`PaTHLlamaConfig.rope_mode`, `path-hf convert --rope`); a
+    member equals its string, which is what a config stores."""
+
+    DROP = "drop"  # PaTH replaces RoPE (the paper)
+    KEEP = "keep"  # RoPE on q and k, the transforms on top
+    INTERLEAVE = "interleave"  # RoPE on q, k and w: its rotation by one position between consecutive transforms
+
+    @property
+    def keeps_rope(self) -> bool:
+        """Whether the PaTH layers apply RoPE at all (so that with the transforms at identity they are the source)."""
+        return self is not RopeMode.DROP
+
+
+ROPE_MODES = tuple(mode.value for mode in RopeMode)
 PATH_INITS = ("default", "identity")
 # Cache layer type of the PaTH layers (registered by cache_path_llama.PaTHCacheLayer).
 PATH_LAYER_TYPE = "path_attention"
@@ -112,7 +129,7 @@ class PaTHLlamaConfig(LlamaConfig):
 
     attention_o_bias: bool | None = None
     qk_norm: bool = False
-    rope_mode: str = "drop"
+    rope_mode: str = RopeMode.DROP.value
     rope_max_wavelength: float | int | None = None
     path_layers: list[int] | None = None
     local_window: int | None = None
@@ -178,7 +195,7 @@ class PaTHLlamaConfig(LlamaConfig):
         if self.rope_mode not in ROPE_MODES:
             raise ValueError(f"rope_mode must be one of {ROPE_MODES}, got {self.rope_mode!r}.")
         if self.rope_max_wavelength is not None:
-            if self.rope_mode == "drop":
+            if not RopeMode(self.rope_mode).keeps_rope:
                 raise ValueError(
                     "rope_max_wavelength limits the RoPE of PaTH layers, but rope_mode='drop' applies none: use "
                     "rope_mode='keep' or 'interleave', or leave rope_max_wavelength unset."

@@ -44,7 +44,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
 from .cache_path_llama import PaTHCacheLayer, PaTHStaticCacheLayer
-from .configuration_path_llama import LOCAL_LAYER_TYPE, PATH_LAYER_TYPE, PaTHLlamaConfig
+from .configuration_path_llama import LOCAL_LAYER_TYPE, PATH_LAYER_TYPE, PaTHLlamaConfig, RopeMode
 from .local_attention import LocalCacheLayer, local_attention
 from .ops import path_attention
 
@@ -436,7 +436,7 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
                     f"PaTH layers take a 2-D padding mask [batch, past + new tokens], got {attention_mask.ndim}-D."
                 )
             attention_mask = attention_mask.bool()
-        rope = position_embeddings if self.config.rope_mode != "drop" else None
+        rope = position_embeddings if self.config.rope_mode != RopeMode.DROP else None
         q, k, v = self.project_qkv(hidden_states, rope)
         if self.config.path_attn_temperature_scale:
             position_ids = kwargs.get("position_ids")
@@ -471,7 +471,7 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
                 seq_pos = sequence_positions(cu_seqlens, (batch_size, seq_len))
             w = self.w_conv1d(w, conv_state, seq_pos)
         w = l2_normalize(w.float().view(batch_size, seq_len, self.num_key_value_heads, self.head_dim))
-        if self.config.rope_mode == "interleave":  # w turns with the keys: H_t becomes R_t H_t R_t^T
+        if self.config.rope_mode == RopeMode.INTERLEAVE:  # w turns with the keys: H_t becomes R_t H_t R_t^T
             cos, sin = (x.float().unsqueeze(2) for x in rope)
             # A pure rotation: YaRN's cos/sin carry its magnitude factor (every pair alike), a temperature for q.k that
             # would stretch w off the unit sphere and H_t off a reflection (beta times that factor squared).

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from transformers.utils.hub import convert_file_size_to_int
 
 from .. import PaTHLlamaConfig
 from ..arguments import DTYPES, check_choices
-from ..configuration_path_llama import PATH_INITS, ROPE_MODES
+from ..configuration_path_llama import PATH_INITS, ROPE_MODES, RopeMode
 from ..errors import ConversionError
 from ..evaluation.retrieval_heads import RETRIEVAL_DEPTHS, RETRIEVAL_TRIALS
 
@@ -93,6 +94,12 @@ def format_size(nbytes: int) -> str:
     raise AssertionError  # unreachable
 
 
+def config_option(config_field: str, *, metadata: dict) -> Any:
+    """A `ConvertOptions` field that sets the converted model's `PaTHLlamaConfig.<config_field>`: its default is the
+    config's, and `ConvertOptions.config_fields` hands its value to the config under the config's name."""
+    return field(default=getattr(PaTHLlamaConfig, config_field), metadata={"config": config_field, **metadata})
+
+
 @dataclass(kw_only=True)
 class ConvertOptions:
     """Options of `path-hf convert`. Each field is one command-line flag (`--field-name` unless `flag` says
@@ -111,8 +118,8 @@ class ConvertOptions:
             "--dtype, float32 by default)",
         },
     )
-    rope: str = field(
-        default=PaTHLlamaConfig.rope_mode,
+    rope: str = config_option(
+        "rope_mode",
         metadata={
             "choices": ROPE_MODES,
             "help": "drop: PaTH replaces RoPE (the paper; recover by distillation or training). keep: RoPE stays "
@@ -122,8 +129,8 @@ class ConvertOptions:
             "(default: %(default)s)",
         },
     )
-    rope_max_wavelength: float | str | None = field(
-        default=PaTHLlamaConfig.rope_max_wavelength,
+    rope_max_wavelength: float | str | None = config_option(
+        "rope_max_wavelength",
         metadata={
             "parse": str,  # a number or the word `context`, checked by `check_wavelength`
             "metavar": "TOKENS",
@@ -134,8 +141,8 @@ class ConvertOptions:
             "(default: every pair rotates)",
         },
     )
-    attn_temperature_scale: float = field(
-        default=PaTHLlamaConfig.path_attn_temperature_scale,
+    attn_temperature_scale: float = config_option(
+        "path_attn_temperature_scale",
         metadata={
             "metavar": "S",
             "help": "Llama 4's log-length attention temperature on the PaTH layers: the query at position p is "
@@ -143,28 +150,28 @@ class ConvertOptions:
             "(default: %(default)s)",
         },
     )
-    attn_temperature_length: int | None = field(
-        default=PaTHLlamaConfig.path_attn_temperature_length,
+    attn_temperature_length: int | None = config_option(
+        "path_attn_temperature_length",
         metadata={
             "metavar": "L",
             "help": "the L of --attn-temperature-scale, in tokens (default: the source's training context, as for "
             f"--rope-max-wavelength {CONTEXT})",
         },
     )
-    forget_gate: bool = field(
-        default=PaTHLlamaConfig.path_forget_gate,
+    forget_gate: bool = config_option(
+        "path_forget_gate",
         metadata={"help": "add PaTH-FoX's forget gate (g_proj) to every PaTH layer"},
     )
-    forget_gate_bias: float = field(
-        default=PaTHLlamaConfig.path_forget_gate_bias,
+    forget_gate_bias: float = config_option(
+        "path_forget_gate_bias",
         metadata={
             "metavar": "B",
             "help": "initial bias of the forget gate's g_proj: it starts at log sigmoid(B) a token; 0 is FLA's init "
             "(about -0.69: forgets within a few tokens), 6 forgets little (about -0.0025) (default: %(default)s)",
         },
     )
-    layers: tuple[int, ...] | None = field(
-        default=None,
+    layers: tuple[int, ...] | None = config_option(
+        "path_layers",
         metadata={
             "parse": parse_layers,
             "metavar": "LIST",
@@ -192,8 +199,8 @@ class ConvertOptions:
             + f" of it back (default: the source's training context, at most {RETRIEVAL_LENGTH})",
         },
     )
-    local_window: int | None = field(
-        default=PaTHLlamaConfig.local_window,
+    local_window: int | None = config_option(
+        "local_window",
         metadata={
             "metavar": "W",
             "help": "make the layers outside --layers local, the hybrid of long-context models: each query sees the "
@@ -201,8 +208,8 @@ class ConvertOptions:
             "context, no RoPE distance in them is ever out of distribution (default: they see every key)",
         },
     )
-    local_sinks: int = field(
-        default=PaTHLlamaConfig.local_sinks,
+    local_sinks: int = config_option(
+        "local_sinks",
         metadata={
             "metavar": "N",
             "help": "attention sinks of the local layers: the first N tokens stay visible, renumbered into the window "
@@ -210,19 +217,19 @@ class ConvertOptions:
             "(default: %(default)s)",
         },
     )
-    w_rank: int | None = field(
-        default=PaTHLlamaConfig.path_w_rank,
+    w_rank: int | None = config_option(
+        "path_w_rank",
         metadata={"metavar": "R", "help": "rank of w_proj: a Linear(hidden, R) then a Linear(R, ...) (default: full)"},
     )
-    conv_size: int = field(
-        default=PaTHLlamaConfig.path_conv_size,
+    conv_size: int = config_option(
+        "path_conv_size",
         metadata={
             "metavar": "K",
             "help": "kernel size of the short convolution on w; 0 turns it off (default: %(default)s)",
         },
     )
-    init: str = field(
-        default=PaTHLlamaConfig.path_init,
+    init: str = config_option(
+        "path_init",
         metadata={
             "choices": PATH_INITS,
             "help": "how the new parameters start. default: FLA's random init. identity: the gains bt_gain (and "
@@ -326,7 +333,7 @@ class ConvertOptions:
         if self.conv_size < 0:
             raise ConversionError(f"--conv-size must be >= 0 (0 turns the convolution off), got {self.conv_size}.")
         self.rope_max_wavelength = check_wavelength(self.rope_max_wavelength)
-        if self.rope_max_wavelength is not None and self.rope == "drop":
+        if self.rope_max_wavelength is not None and not RopeMode(self.rope).keeps_rope:
             raise ConversionError(
                 "--rope-max-wavelength limits the RoPE that PaTH layers keep, but --rope drop removes it: use --rope "
                 "keep or --rope interleave with it."
@@ -348,6 +355,15 @@ class ConvertOptions:
                 )
         if self.max_shard_size < 1:
             raise ConversionError(f"--max-shard-size must be positive, got {self.max_shard_size}.")
+
+    def config_fields(self) -> dict[str, Any]:
+        """The `PaTHLlamaConfig` fields these options set, by the config's names (`--rope` -> `rope_mode`), as given:
+        `rope_max_wavelength` may still be `CONTEXT`, which the plan resolves against the source."""
+        return {
+            option.metadata["config"]: getattr(self, option.name)
+            for option in fields(self)
+            if "config" in option.metadata
+        }
 
 
 __all__ = [

@@ -211,24 +211,15 @@ def converted_config(
 ) -> PaTHLlamaConfig:
     """The converted model's config: the source's, the options' PaTH fields, and the record of the conversion
     (`path_conversion`, which keeps `--rope-max-wavelength context` as the word; the config holds the number)."""
-    max_wavelength = options.rope_max_wavelength
-    if max_wavelength == CONTEXT:
-        max_wavelength = float(source_context(source_config))
+    path_fields = options.config_fields()
+    if path_fields["rope_max_wavelength"] == CONTEXT:
+        path_fields["rope_max_wavelength"] = float(source_context(source_config))
+    if path_fields["path_layers"] is not None:
+        path_fields["path_layers"] = list(path_fields["path_layers"])
     return path_config_from(
         source_config,
         architecture,
-        rope_mode=options.rope,
-        rope_max_wavelength=max_wavelength,
-        path_attn_temperature_scale=options.attn_temperature_scale,
-        path_attn_temperature_length=options.attn_temperature_length,
-        path_layers=list(options.layers) if options.layers is not None else None,
-        local_window=options.local_window,
-        local_sinks=options.local_sinks,
-        path_forget_gate=options.forget_gate,
-        path_forget_gate_bias=options.forget_gate_bias,
-        path_w_rank=options.w_rank,
-        path_conv_size=options.conv_size,
-        path_init=options.init,
+        **path_fields,
         path_conversion={
             "source": source.name,
             "revision": source.revision,

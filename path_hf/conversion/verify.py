@@ -42,6 +42,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 from .. import PaTHLlamaConfig
+from ..configuration_path_llama import RopeMode
 from ..errors import ConversionError
 from ..evaluation import token_nll
 from ..modeling_path_llama import LAYER_PARAMETER, PATH_GAIN_INIT, PaTHGain
@@ -341,7 +342,7 @@ def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
 
     converted = CheckpointTensors(SourceWeights.from_directory(directory))
     config = AutoConfig.from_pretrained(directory)
-    identity_config = AutoConfig.from_pretrained(directory, rope_mode="keep")
+    identity_config = AutoConfig.from_pretrained(directory, rope_mode=RopeMode.KEEP.value)
     identity_logits = streamed_logits(
         identity_config, converted, input_ids, prepare_layer=identity_transforms, observe=compare
     )
@@ -385,7 +386,7 @@ def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
     if not is_text:
         print("verify: the source has no tokenizer; perplexity skipped", flush=True)
         return difference
-    same_model = config.rope_mode != "drop" and config.path_init == "identity"
+    same_model = RopeMode(config.rope_mode).keeps_rope and config.path_init == "identity"
     converted_logits = identity_logits if same_model else streamed_logits(config, converted, input_ids)
     perplexities = [("source", source_logits)]
     if reference.changed:  # the source as it is too: what the band or the temperature costs before training

@@ -20,6 +20,7 @@ from transformers.dynamic_module_utils import custom_object_save
 from transformers.utils import GENERATION_CONFIG_NAME
 
 from .. import PaTHLlamaConfig, PaTHLlamaForCausalLM, init_path_parameters
+from ..configuration_path_llama import RopeMode
 from ..errors import ConversionError
 from ..modeling_path_llama import FORGET_GATE_MODULES, PATH_MODULES, PaTHLlamaAttention
 from .architectures import path_parameters
@@ -158,8 +159,8 @@ def model_card(plan: ConversionPlan) -> str:
         copied = f"Every weight of the source is copied under its own name, cast to {plan.options.dtype}."
     trained = [json.dumps(name) for name in PATH_MODULES if config.path_forget_gate or name not in FORGET_GATE_MODULES]
     kept_rope = {
-        "keep": "RoPE is kept and PaTH's Householder transforms act on top of it",
-        "interleave": (
+        RopeMode.KEEP: "RoPE is kept and PaTH's Householder transforms act on top of it",
+        RopeMode.INTERLEAVE: (
             "RoPE is kept and turns the Householder directions too, which puts its rotation by one position between "
             "consecutive transforms (the logits depend on the tokens between query and key, not on where they stand)"
         ),

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from ..configuration_path_llama import RopeMode
+
 ROPE_SCALING_TYPES = ("linear", "dynamic", "yarn")
 
 
@@ -26,7 +28,9 @@ def rope_parameters_for(config, rope_type: str, factor: float, original_length: 
     if factor < 1:
         raise ValueError(f"the RoPE scaling factor must be at least 1, got {factor}")
     current = getattr(config, "rope_parameters", None) or {}
-    if getattr(config, "rope_mode", None) == "drop" and all(map(config.is_path_layer, range(config.num_hidden_layers))):
+    if getattr(config, "rope_mode", None) == RopeMode.DROP and all(
+        map(config.is_path_layer, range(config.num_hidden_layers))
+    ):
         raise ValueError(f"{type(config).__name__} has rope_mode='drop' in every layer: the model uses no RoPE")
     if "rope_theta" not in current:
         raise ValueError(f"{type(config).__name__} has no rope_parameters with a rope_theta: the model uses no RoPE")

@@ -3,6 +3,7 @@ equal the source's with the transforms at identity, every source tensor is copie
 tensors are the model's own init."""
 
 import json
+from dataclasses import fields
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import path_hf
 from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
+from path_hf.conversion import ConvertOptions
 from path_hf.conversion.write import layer_seed
 from tests.conversion.checkpoints import CHAT_TEMPLATE, make_source, read_tensors, run_cli
 
@@ -201,3 +203,29 @@ def test_hub_style_llama3_config(tmp_path, capsys):
     code, _, err = run_cli(capsys, "convert", "--from", source, "--to", output, "--verify")
     assert code == 0, err
     assert json.loads((output / "config.json").read_text())["rope_parameters"] == LLAMA3_ROPE
+
+
+def test_every_config_option_sets_its_config_field(tmp_path, capsys):
+    """Each option that sets a `PaTHLlamaConfig` field (metadata "config") defaults to the config's own default and,
+    given another value on the command line, lands in the converted config.json under the config's name."""
+    config_options = {
+        option.name: option.metadata["config"] for option in fields(ConvertOptions) if "config" in option.metadata
+    }
+    for name, config_field in config_options.items():
+        assert getattr(ConvertOptions, name, None) == getattr(PaTHLlamaConfig, config_field), name
+    flags = ["--rope", "interleave", "--rope-max-wavelength", "64", "--attn-temperature-scale", "0.25"]
+    flags += ["--attn-temperature-length", "16", "--forget-gate", "--forget-gate-bias", "3", "--layers", "0"]
+    flags += ["--local-window", "8", "--local-sinks", "2", "--w-rank", "8", "--conv-size", "2", "--init", "identity"]
+    expected = {
+        "rope_mode": "interleave", "rope_max_wavelength": 64.0, "path_attn_temperature_scale": 0.25,
+        "path_attn_temperature_length": 16, "path_forget_gate": True, "path_forget_gate_bias": 3.0,
+        "path_layers": [0], "local_window": 8, "local_sinks": 2, "path_w_rank": 8, "path_conv_size": 2,
+        "path_init": "identity",
+    }  # fmt: skip
+    assert set(expected) == set(config_options.values())
+    source = make_source(tmp_path / "source", "llama")
+    code, _, err = run_cli(capsys, "convert", "--from", source, "--to", tmp_path / "out", *flags)
+    assert code == 0, err
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert {key: saved[key] for key in expected} == expected
+    assert all(expected[key] != getattr(PaTHLlamaConfig, key) for key in expected)  # each one moved off its default

@@ -3,7 +3,7 @@ from huggingface_hub.errors import StrictDataclassClassValidationError
 from transformers import AutoConfig, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from path_hf import PaTHCacheLayer, PaTHLlamaConfig
+from path_hf import PaTHCacheLayer, PaTHLlamaConfig, RopeMode
 
 
 def test_defaults_and_derived_fields():
@@ -67,3 +67,18 @@ def test_attention_dropout_allowed_without_path_layers():
         PaTHLlamaConfig(num_hidden_layers=2, path_layers=[], attention_dropout=0.1).layer_types
         == ["full_attention"] * 2
     )
+
+
+def test_rope_mode_is_one_enum_stored_as_its_string(tmp_path):
+    """`RopeMode` members are the strings a config stores: config.json holds the plain word, a config built from a
+    member or from the word is the same, and only `drop` applies no RoPE."""
+    assert [mode.value for mode in RopeMode] == ["drop", "keep", "interleave"]
+    assert PaTHLlamaConfig().rope_mode == RopeMode.DROP
+    from_member = PaTHLlamaConfig(num_hidden_layers=2, rope_mode=RopeMode.INTERLEAVE)
+    from_member.save_pretrained(tmp_path)
+    assert '"rope_mode": "interleave"' in (tmp_path / "config.json").read_text()
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert type(loaded.rope_mode) is str and RopeMode(loaded.rope_mode) is RopeMode.INTERLEAVE
+    assert [mode.keeps_rope for mode in RopeMode] == [False, True, True]
+    with pytest.raises(StrictDataclassClassValidationError, match="rope_mode must be one of"):
+        PaTHLlamaConfig(rope_mode="rotate")
