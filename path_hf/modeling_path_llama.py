@@ -668,12 +668,12 @@ class PaTHLlamaPreTrainedModel(LlamaPreTrainedModel):
             init.constant_(module.weight, PATH_GAIN_INIT[self.config.path_init])
         elif isinstance(module, PaTHLlamaAttention):
             # Its PaTH modules from the attention too, so that a layer initialises alone (`init_path_parameters`).
-            # `post_init` and `from_pretrained` reach them first, as submodules, and draw them again here: the values
-            # that earlier versions drew, so a seeded model stays the same.
+            # `post_init` and `from_pretrained` reach them first, as submodules, which marks them initialised: they
+            # are drawn once.
             for name in PATH_MODULES:
                 child = getattr(module, name)
                 for submodule in child.modules() if child is not None else ():
-                    self._init_weights(submodule)
+                    self._initialize_weights(submodule)
             if module.g_proj is not None:
                 init.constant_(module.g_proj.bias, self.config.path_forget_gate_bias)
 

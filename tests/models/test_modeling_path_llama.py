@@ -612,3 +612,34 @@ def test_trust_remote_code_load_without_path_hf(tmp_path):
     torch.testing.assert_close(remote["logits"], model(**inputs).logits)
     torch.testing.assert_close(remote["sequences"], out.sequences, rtol=0, atol=0)
     torch.testing.assert_close(remote["step_logits"], out.logits)
+
+
+def test_post_init_draws_each_path_parameter_once(monkeypatch):
+    """A model built from its config draws each PaTH weight once, in the order the converter's `init_path_parameters`
+    draws a layer's, and the forget gate's bias is set after its Linear's own init (it is not 0)."""
+    from transformers import initialization
+
+    drawn = []
+    normal_ = initialization.normal_
+
+    def counting_normal_(tensor, *args, **kwargs):
+        drawn.append(id(tensor))
+        return normal_(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(initialization, "normal_", counting_normal_)
+    config = tiny_config(path_forget_gate=True, path_forget_gate_bias=4.0, path_w_rank=4)
+    model = PaTHLlamaForCausalLM(config)
+    for layer in model.model.layers:
+        attention = layer.self_attn
+        path_weights = [p for n, p in attention.named_parameters() if n.startswith(("w_", "bt_proj", "g_proj"))]
+        path_weights = [p for p in path_weights if p.dim() > 1]
+        assert [drawn.count(id(p)) for p in path_weights] == [1] * len(path_weights)
+        assert torch.all(attention.g_proj.bias == 4.0)
+    drawn.clear()
+    attention = PaTHLlamaAttention(config, layer_idx=0)
+    init_path_parameters(attention, config)
+    layer_zero = [id(p) for n, p in model.model.layers[0].self_attn.named_parameters()]
+    fresh = [id(p) for n, p in attention.named_parameters()]
+    order = {pid: i for i, pid in enumerate(fresh)}
+    assert drawn == sorted(drawn, key=order.__getitem__) and len(drawn) == len(set(drawn)) > 0
+    assert len(layer_zero) == len(fresh)
