@@ -1,7 +1,10 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
 """PaTHLlama model configuration."""
 
+import math
+from collections.abc import Callable, Mapping
 from enum import StrEnum
+from typing import Any
 
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
@@ -24,11 +27,74 @@ class RopeMode(StrEnum):
 
 
 ROPE_MODES = tuple(mode.value for mode in RopeMode)
+# The PaTH fields `check_path_fields` checks (the converter sets each of them: `ConvertOptions.config_fields`).
+PATH_OPTION_FIELDS = (
+    "rope_mode",
+    "rope_max_wavelength",
+    "path_attn_temperature_scale",
+    "path_attn_temperature_length",
+    "path_layers",
+    "local_window",
+    "local_sinks",
+    "path_forget_gate",
+    "path_forget_gate_bias",
+    "path_w_rank",
+    "path_conv_size",
+    "path_init",
+)
+_UNSET = object()
 PATH_INITS = ("default", "identity")
 # Cache layer type of the PaTH layers (registered by cache_path_llama.PaTHCacheLayer).
 PATH_LAYER_TYPE = "path_attention"
 # Cache layer type of the local RoPE layers (`local_window`; registered by local_attention.LocalCacheLayer).
 LOCAL_LAYER_TYPE = "local_attention"
+
+
+def _config_name(field: str, value: Any = _UNSET) -> str:
+    """How the config's checks name a field (`rope_max_wavelength`) or a setting of it (`rope_mode='drop'`)."""
+    return field if value is _UNSET else f"{field}={value!r}"
+
+
+def check_path_fields(values: Mapping[str, Any], name: Callable[..., str] = _config_name) -> None:
+    """The checks of the PaTH fields that stand on their own (not on the model's shape), written once for the config
+    (`validate_architecture`) and the converter's options, which name the fields as their flags: `name(field)` names
+    a field, `name(field, value)` a setting of it. Raises `ValueError`."""
+    mode, wavelength = values["rope_mode"], values["rope_max_wavelength"]
+    if mode not in ROPE_MODES:
+        raise ValueError(f"{name('rope_mode')} must be one of {ROPE_MODES}, got {mode!r}.")
+    if wavelength is not None:
+        if not RopeMode(mode).keeps_rope:
+            raise ValueError(
+                f"{name('rope_max_wavelength')} limits the RoPE that PaTH layers keep, but "
+                f"{name('rope_mode', RopeMode.DROP.value)} removes it: use {name('rope_mode', RopeMode.KEEP.value)} or "
+                f"{name('rope_mode', RopeMode.INTERLEAVE.value)} with it."
+            )
+        if not (math.isfinite(wavelength) and wavelength > 0):
+            raise ValueError(f"{name('rope_max_wavelength')} must be a positive number of tokens, got {wavelength:g}.")
+    scale, length = values["path_attn_temperature_scale"], values["path_attn_temperature_length"]
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale >= 0:
+        raise ValueError(
+            f"{name('path_attn_temperature_scale')} must be a number >= 0 (0 turns the temperature off), got {scale!r}."
+        )
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
+        raise ValueError(f"{name('path_attn_temperature_length')} must be a positive number of tokens, got {length!r}.")
+    if values["path_init"] not in PATH_INITS:
+        raise ValueError(f"{name('path_init')} must be one of {PATH_INITS}, got {values['path_init']!r}.")
+    if values["path_conv_size"] < 0:
+        raise ValueError(
+            f"{name('path_conv_size')} must be >= 0 (0 turns the convolution off), got {values['path_conv_size']}."
+        )
+    if values["path_w_rank"] is not None and values["path_w_rank"] < 1:
+        raise ValueError(
+            f"{name('path_w_rank')} must be a positive integer (unset: full rank), got {values['path_w_rank']}."
+        )
+    window, sinks = values["local_window"], values["local_sinks"]
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"{name('local_window')} must be a positive number of tokens, got {window!r}.")
+    if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+        raise ValueError(f"{name('local_sinks')} must be a number of tokens >= 0, got {sinks!r}.")
+    if sinks and window is None:
+        raise ValueError(f"{name('local_sinks')} are the sinks of the local layers: they need {name('local_window')}.")
 
 
 @strict
@@ -192,38 +258,11 @@ class PaTHLlamaConfig(LlamaConfig):
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads "
                 f"({self.num_key_value_heads})."
             )
-        if self.rope_mode not in ROPE_MODES:
-            raise ValueError(f"rope_mode must be one of {ROPE_MODES}, got {self.rope_mode!r}.")
-        if self.rope_max_wavelength is not None:
-            if not RopeMode(self.rope_mode).keeps_rope:
-                raise ValueError(
-                    "rope_max_wavelength limits the RoPE of PaTH layers, but rope_mode='drop' applies none: use "
-                    "rope_mode='keep' or 'interleave', or leave rope_max_wavelength unset."
-                )
-            if not self.rope_max_wavelength > 0:
-                raise ValueError(
-                    f"rope_max_wavelength must be a positive number of tokens, got {self.rope_max_wavelength}."
-                )
-        if self.path_attn_temperature_scale < 0:
-            raise ValueError(
-                f"path_attn_temperature_scale must be >= 0 (0 turns the temperature off), got "
-                f"{self.path_attn_temperature_scale}."
-            )
-        if self.path_attn_temperature_length is not None and self.path_attn_temperature_length < 1:
-            raise ValueError(
-                f"path_attn_temperature_length must be a positive number of tokens, got "
-                f"{self.path_attn_temperature_length}."
-            )
+        check_path_fields({field: getattr(self, field) for field in PATH_OPTION_FIELDS})
         if self.path_backend not in BACKENDS:
             raise ValueError(f"path_backend must be one of {BACKENDS}, got {self.path_backend!r}.")
-        if self.path_init not in PATH_INITS:
-            raise ValueError(f"path_init must be one of {PATH_INITS}, got {self.path_init!r}.")
         if not 0 < self.path_beta_max <= 2:
             raise ValueError(f"path_beta_max must be in (0, 2], got {self.path_beta_max}.")
-        if self.path_conv_size < 0:
-            raise ValueError(f"path_conv_size must be >= 0 (0 turns the convolution off), got {self.path_conv_size}.")
-        if self.path_w_rank is not None and self.path_w_rank < 1:
-            raise ValueError(f"path_w_rank must be None (full rank) or a positive int, got {self.path_w_rank}.")
         if self.path_layers is not None:
             outside = [i for i in self.path_layers if not 0 <= i < self.num_hidden_layers]
             if outside:
@@ -231,17 +270,11 @@ class PaTHLlamaConfig(LlamaConfig):
                     f"path_layers {outside} are not layer indices of a model with {self.num_hidden_layers} layers."
                 )
         if self.local_window is not None:
-            if isinstance(self.local_window, bool) or not isinstance(self.local_window, int) or self.local_window < 1:
-                raise ValueError(f"local_window must be a positive number of tokens, got {self.local_window!r}.")
             if self.path_layers is None or len(self.path_layers) == self.num_hidden_layers:
                 raise ValueError(
                     "local_window makes the RoPE layers local, but every layer is a PaTH layer: list the PaTH layers "
                     "in path_layers, or leave local_window unset."
                 )
-        if isinstance(self.local_sinks, bool) or not isinstance(self.local_sinks, int) or self.local_sinks < 0:
-            raise ValueError(f"local_sinks must be a number of tokens >= 0, got {self.local_sinks!r}.")
-        if self.local_sinks and self.local_window is None:
-            raise ValueError("local_sinks are the sinks of the local layers: they need local_window.")
         if self.attention_dropout and (self.path_layers is None or self.path_layers):
             raise ValueError(
                 f"PaTH attention has no attention dropout; got attention_dropout={self.attention_dropout}. Set it to 0."
@@ -252,4 +285,4 @@ class PaTHLlamaConfig(LlamaConfig):
         `"local_attention"`, types transformers does not list: nothing to check."""
 
 
-__all__ = ["PaTHLlamaConfig"]
+__all__ = ["PaTHLlamaConfig", "RopeMode", "check_path_fields"]

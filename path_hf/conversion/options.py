@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -11,8 +10,8 @@ from typing import Any
 from transformers.utils.hub import convert_file_size_to_int
 
 from .. import PaTHLlamaConfig
-from ..arguments import DTYPES, check_choices
-from ..configuration_path_llama import PATH_INITS, ROPE_MODES, RopeMode
+from ..arguments import DTYPES, check_choices, flag
+from ..configuration_path_llama import PATH_INITS, ROPE_MODES, check_path_fields
 from ..errors import ConversionError
 from ..evaluation.retrieval_heads import RETRIEVAL_DEPTHS, RETRIEVAL_TRIALS
 
@@ -63,8 +62,9 @@ def parse_size(size: str) -> int:
 
 
 def check_wavelength(value) -> float | str | None:
-    """The value of `--rope-max-wavelength` (a flag's text, or a recipe's number or word): a positive, finite number
-    of tokens as a float, `CONTEXT`, or None; anything else raises `ConversionError`."""
+    """The value of `--rope-max-wavelength` (a flag's text, or a recipe's number or word): a number of tokens as a
+    float, `CONTEXT`, or None; anything else raises `ConversionError`. Whether the number is in range is the config's
+    check (`check_path_fields`), as for every config field."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -80,9 +80,7 @@ def check_wavelength(value) -> float | str | None:
             f"--rope-max-wavelength must be a number of tokens or {CONTEXT!r} (the source's training context), got "
             f"{value!r}."
         )
-    if not (math.isfinite(value) and value > 0):
-        raise ConversionError(f"--rope-max-wavelength must be a positive number of tokens, got {value:g}.")
-    return float(value)
+    return float(value)  # its range is checked with the config's other fields (`check_path_fields`)
 
 
 def format_size(nbytes: int) -> str:
@@ -316,45 +314,34 @@ class ConvertOptions:
                 raise ConversionError(
                     f"--retrieval-length must be a positive number of tokens, got {self.retrieval_length}."
                 )
-        if self.local_window is not None:
-            if self.local_window < 1:
-                raise ConversionError(f"--local-window must be a positive number of tokens, got {self.local_window}.")
-            if self.layers is None and self.retrieval_layers is None:
-                raise ConversionError(
-                    "--local-window makes the layers outside --layers local, but every layer becomes a PaTH layer: "
-                    "name the PaTH layers with --layers (or measure them with --retrieval-layers N)."
-                )
-        if self.local_sinks < 0:
-            raise ConversionError(f"--local-sinks must be a number of tokens >= 0, got {self.local_sinks}.")
-        if self.local_sinks and self.local_window is None:
-            raise ConversionError("--local-sinks are the sinks of the local layers: they need --local-window.")
-        if self.w_rank is not None and self.w_rank < 1:
-            raise ConversionError(f"--w-rank must be a positive integer, got {self.w_rank}.")
-        if self.conv_size < 0:
-            raise ConversionError(f"--conv-size must be >= 0 (0 turns the convolution off), got {self.conv_size}.")
         self.rope_max_wavelength = check_wavelength(self.rope_max_wavelength)
-        if self.rope_max_wavelength is not None and not RopeMode(self.rope).keeps_rope:
-            raise ConversionError(
-                "--rope-max-wavelength limits the RoPE that PaTH layers keep, but --rope drop removes it: use --rope "
-                "keep or --rope interleave with it."
-            )
         if isinstance(self.attn_temperature_length, float) and self.attn_temperature_length.is_integer():
             self.attn_temperature_length = int(self.attn_temperature_length)  # a recipe's 8192.0
-        scale, length = self.attn_temperature_scale, self.attn_temperature_length
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale >= 0:
+        values = self.config_fields()
+        if values["rope_max_wavelength"] == CONTEXT:
+            values["rope_max_wavelength"] = 1.0  # a positive length, known once the source is read
+        try:
+            check_path_fields(values, self._flag_name)
+        except ValueError as error:
+            raise ConversionError(str(error)) from error
+        if self.local_window is not None and self.layers is None and self.retrieval_layers is None:
             raise ConversionError(
-                f"--attn-temperature-scale must be a number >= 0 (0 turns the temperature off), got {scale!r}."
+                "--local-window makes the layers outside --layers local, but every layer becomes a PaTH layer: "
+                "name the PaTH layers with --layers (or measure them with --retrieval-layers N)."
             )
-        if length is not None:
-            if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-                raise ConversionError(f"--attn-temperature-length must be a positive number of tokens, got {length!r}.")
-            if not scale:
-                raise ConversionError(
-                    "--attn-temperature-length sets where the temperature starts to grow: it needs "
-                    "--attn-temperature-scale."
-                )
+        if self.attn_temperature_length is not None and not self.attn_temperature_scale:
+            raise ConversionError(
+                "--attn-temperature-length sets where the temperature starts to grow: it needs "
+                "--attn-temperature-scale."
+            )
         if self.max_shard_size < 1:
             raise ConversionError(f"--max-shard-size must be positive, got {self.max_shard_size}.")
+
+    @classmethod
+    def _flag_name(cls, config_field: str, value: Any = None) -> str:
+        """How the options name a config field in a message: its flag (`--rope`), or a setting (`--rope drop`)."""
+        option = next(option for option in fields(cls) if option.metadata.get("config") == config_field)
+        return flag(option) if value is None else f"{flag(option)} {value}"
 
     def config_fields(self) -> dict[str, Any]:
         """The `PaTHLlamaConfig` fields these options set, by the config's names (`--rope` -> `rope_mode`), as given:

@@ -1,11 +1,15 @@
 """The pieces of the converter: shard writing and cutting, and the options that become CLI flags."""
 
+import re
 from dataclasses import fields
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassClassValidationError
 from safetensors.torch import load_file, save_file
 
+from path_hf import PaTHLlamaConfig
+from path_hf.arguments import flag
 from path_hf.cli import build_parser
 from path_hf.conversion.io import SafetensorsWriter, TensorMeta, read_safetensors_header, split_into_shards
 from path_hf.conversion.options import ConvertOptions, format_layers, parse_layers, parse_size
@@ -85,3 +89,53 @@ def test_options_are_checked_in_python_too():
     with pytest.raises(ConversionError, match="--forget-gate-bias sets the forget gate's init: it needs --forget-gate"):
         ConvertOptions(source="a", output="b", forget_gate_bias=6)
     assert ConvertOptions(source="a", output="b", forget_gate=True, forget_gate_bias=6).forget_gate_bias == 6
+
+
+# (options, the same settings as config fields, the message with config names); the options' message names flags
+SHARED_CHECKS = {
+    "wavelength-drop": (
+        {"rope_max_wavelength": 64},
+        {"rope_max_wavelength": 64.0},
+        "rope_max_wavelength limits the RoPE that PaTH layers keep, but rope_mode='drop' removes it: use "
+        "rope_mode='keep' or rope_mode='interleave' with it.",
+    ),
+    "wavelength-negative": (
+        {"rope": "keep", "rope_max_wavelength": -5},
+        {"rope_mode": "keep", "rope_max_wavelength": -5.0},
+        "rope_max_wavelength must be a positive number of tokens, got -5.",
+    ),
+    "temperature": (
+        {"attn_temperature_scale": -0.5},
+        {"path_attn_temperature_scale": -0.5},
+        "path_attn_temperature_scale must be a number >= 0 (0 turns the temperature off), got -0.5.",
+    ),
+    "conv": (
+        {"conv_size": -1},
+        {"path_conv_size": -1},
+        "path_conv_size must be >= 0 (0 turns the convolution off), got -1.",
+    ),
+    "rank": ({"w_rank": 0}, {"path_w_rank": 0}, "path_w_rank must be a positive integer (unset: full rank), got 0."),
+    "sinks": (
+        {"local_sinks": 2},
+        {"local_sinks": 2},
+        "local_sinks are the sinks of the local layers: they need local_window.",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", SHARED_CHECKS)
+def test_config_checks_are_the_options_checks(case):
+    """A PaTH option is checked once, by the config's `check_path_fields`: the converter refuses what the config
+    refuses, with the same words, naming its flags where the config names its fields."""
+    options, config_fields, message = SHARED_CHECKS[case]
+    with pytest.raises(StrictDataclassClassValidationError) as refused:
+        PaTHLlamaConfig(num_hidden_layers=2, **config_fields)
+    assert message in str(refused.value)
+    flags = {
+        option.metadata["config"]: flag(option) for option in fields(ConvertOptions) if "config" in option.metadata
+    }
+    as_flags = re.sub(r"(\w+)='(\w+)'", lambda m: f"{flags[m[1]]} {m[2]}", message)
+    as_flags = re.sub(r"\b(" + "|".join(flags) + r")\b", lambda m: flags[m[1]], as_flags)
+    with pytest.raises(ConversionError) as refused:
+        ConvertOptions(source="a", output="b", **options)
+    assert str(refused.value) == as_flags

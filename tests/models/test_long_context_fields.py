@@ -130,9 +130,9 @@ def test_temperature_length_defaults_to_the_source_context():
 @pytest.mark.parametrize(
     "fields, message",
     [
-        ({"rope_mode": "drop", "rope_max_wavelength": 8192}, "rope_mode='drop' applies none"),
+        ({"rope_mode": "drop", "rope_max_wavelength": 8192}, "rope_mode='drop' removes it"),
         ({"rope_mode": "keep", "rope_max_wavelength": 0}, "rope_max_wavelength must be a positive"),
-        ({"path_attn_temperature_scale": -0.1}, "path_attn_temperature_scale must be >= 0"),
+        ({"path_attn_temperature_scale": -0.1}, "path_attn_temperature_scale must be a number >= 0"),
         ({"path_attn_temperature_length": 0}, "path_attn_temperature_length must be a positive"),
     ],
 )
