@@ -11,12 +11,14 @@ N(0, 0.04^2), which gives logits with a std of about 64 * 0.04 = 2.6, a trained 
 word-level one of the built-in verification text, so --verify runs on 256 tokens as it does for a real model.
 
 For each source, each in a fresh process:
-- `path-hf convert --rope keep --init identity --verify`: its verdict and `max |diff| / std(source logits)` in
-  float64, the time of the verify phase (from its first line to the end) and the command's peak RSS (`wait4`);
+- `path-hf convert --rope keep --init identity --verify`, by its function (`convert`): its verdict and
+  `max |diff| / std(source logits)` in float64, read from the result it returns, the time of the verify phase (from
+  its first printed line to the end) and the process's peak RSS (`wait4`);
 - the old check: both models in float32 (as --verify ran before), their max |diff| (old limit 1e-4) and that
   difference over the logits' std;
 - two wrong conversions, which must fail: layers 0 and 1's k_proj swapped, and layer 1's k_proj perturbed by
-  1e-3 of its RMS (the achieved change after rounding to the stored dtype is printed).
+  1e-3 of its RMS (the achieved change after rounding to the stored dtype is printed); their difference and the
+  first output that differs are read from the result that `VerificationFailed` holds.
 Writes a Markdown table to stdout and JSON to bench/out/. Everything is written under a temporary directory in
 --workdir and deleted at the end.
 """
@@ -24,6 +26,7 @@ Writes a Markdown table to stdout and JSON to bench/out/. Everything is written 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -59,7 +62,7 @@ OLD_TOLERANCE = 1e-4  # the float32 max abs difference --verify allowed before
 PERTURBATION = 1e-3
 SWAPPED = ("model.layers.0.self_attn.k_proj.weight", "model.layers.1.self_attn.k_proj.weight")
 PERTURBED = "model.layers.1.self_attn.k_proj.weight"
-VERIFY_FLAGS = ["--rope", "keep", "--init", "identity", "--verify"]
+VERIFY_OPTIONS = dict(rope="keep", init="identity", verify=True)  # --rope keep --init identity --verify
 
 
 def write_synthetic_checkpoint(directory: Path, num_layers: int) -> None:
@@ -143,38 +146,53 @@ def edit_in_place(directory: Path, names: tuple[str, ...], edit) -> None:
             file.write(data.contiguous().view(torch.uint8).numpy().tobytes())
 
 
-def perturb(tensor):
-    """`tensor` plus noise of `PERTURBATION` times its RMS, rounded to its dtype; prints the change achieved."""
+def perturb(tensor, achieved: list[float]):
+    """`tensor` plus noise of `PERTURBATION` times its RMS, rounded to its dtype; prints the change achieved, and
+    appends it to `achieved`."""
     import torch
 
     noise = torch.randn(tensor.shape, generator=torch.Generator().manual_seed(1))
     rms = tensor.float().square().mean().sqrt()
     perturbed = (tensor.float() + PERTURBATION * rms * noise).to(tensor.dtype)
-    achieved = ((perturbed.float() - tensor.float()).square().mean().sqrt() / rms).item()
-    print(f"perturbed {PERTURBED} by {achieved:.3g} of its RMS", flush=True)
+    change = ((perturbed.float() - tensor.float()).square().mean().sqrt() / rms).item()
+    print(f"perturbed {PERTURBED} by {change:.3g} of its RMS", flush=True)
+    achieved.append(change)
     return (perturbed,)
 
 
-def convert_wrong(kind: str, argv: list[str]) -> int:
-    """`path-hf convert ARGV` in this process, with the written checkpoint made wrong before it is verified."""
+def convert_and_report(kind: str, source: Path, output: Path) -> int:
+    """`path-hf convert --from SOURCE --to OUTPUT --rope keep --init identity --verify` in this process, by
+    `convert`, with the written checkpoint made wrong before it is verified unless `kind` is "exact"; prints, as
+    JSON on its last line, what the verification measured and the perturbation achieved. Returns the exit code."""
     import path_hf.commands.convert
-    from path_hf.cli import main
+    from path_hf.conversion.options import ConvertOptions
+    from path_hf.conversion.verify import VerificationFailed
 
     write_conversion = path_hf.commands.convert.write_conversion
+    achieved: list[float] = []
 
     def write_then_break(plan, directory):
         write_conversion(plan, directory)
         if kind == "swapped":
             edit_in_place(directory, SWAPPED, lambda first, second: (second, first))
-        else:
-            edit_in_place(directory, (PERTURBED,), perturb)
+        elif kind == "perturbed":
+            edit_in_place(directory, (PERTURBED,), lambda tensor: perturb(tensor, achieved))
 
     path_hf.commands.convert.write_conversion = write_then_break
-    return main(argv)
+    options = ConvertOptions(source=str(source), output=str(output), **VERIFY_OPTIONS)
+    try:
+        verification, code = path_hf.commands.convert.convert(options).verification, 0
+    except VerificationFailed as failed:
+        print(f"error: {failed}", file=sys.stderr, flush=True)
+        verification, code = failed.result, 1
+    report = {"verification": dataclasses.asdict(verification), "perturbation": achieved[0] if achieved else None}
+    print(json.dumps(report), flush=True)
+    return code
 
 
 def run_measured(command: list[str]) -> dict:
-    """Run `command`: exit code, output, wall seconds, seconds from its first `verify:` line to its end, peak RSS."""
+    """Run `command`, a `--convert` of this script: exit code, output, wall seconds, seconds from its first
+    `verify:` line to its end, peak RSS, and what it reported (`convert_and_report`)."""
     start = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines, verify_start = [], None
@@ -184,20 +202,24 @@ def run_measured(command: list[str]) -> dict:
             verify_start = time.perf_counter()
     _, status, usage = os.wait4(process.pid, 0)
     end = time.perf_counter()
+    try:
+        report = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise RuntimeError(f"no verification result from {command}:\n{''.join(lines)}") from None
     return {
         "code": os.waitstatus_to_exitcode(status),
         "output": "".join(lines),
         "seconds": end - start,
         "verify_seconds": end - verify_start if verify_start is not None else None,
         "peak_rss_bytes": usage.ru_maxrss * 1024,
+        **report,
     }
 
 
 def measure(name: str, source: Path, workdir: Path) -> dict:
     """The exact conversion, the float32 check and the two wrong conversions of `source`."""
     converted = workdir / "converted"
-    convert = ["convert", "--from", str(source), "--to", str(converted), *VERIFY_FLAGS]
-    exact = run_measured([sys.executable, "-m", "path_hf", *convert])
+    exact = run_measured([sys.executable, __file__, "--convert", "exact", str(source), str(converted)])
     if exact["code"] != 0:
         raise RuntimeError(f"--verify failed on the exact conversion of {name}:\n{exact['output']}")
     start = time.perf_counter()
@@ -210,19 +232,9 @@ def measure(name: str, source: Path, workdir: Path) -> dict:
 
     result = {"source": name, "exact": exact, "float32": float32}
     for kind in ("swapped", "perturbed"):
-        result[kind] = run_measured([sys.executable, __file__, "--convert-wrong", kind, *convert])
+        result[kind] = run_measured([sys.executable, __file__, "--convert", kind, str(source), str(converted)])
         if result[kind]["code"] == 0 or converted.exists():
             raise RuntimeError(f"--verify passed the {kind} conversion of {name}:\n{result[kind]['output']}")
-    for run in (exact, result["swapped"], result["perturbed"]):
-        found = re.search(r"std\(source logits\) = (\S+)|differ from the source's by (\S+) x", run["output"])
-        if found is None:
-            raise RuntimeError(f"no verify result in the output of {name}:\n{run['output']}")
-        run["relative_diff"] = float(found[1] or found[2])
-    result["first_differing"] = {
-        kind: re.search(r"first at (.+): the weight mapping", result[kind]["output"])[1]
-        for kind in ("swapped", "perturbed")
-    }
-    result["perturbation"] = float(re.search(r"perturbed \S+ by (\S+) of its RMS", result["perturbed"]["output"])[1])
     print(f"{name}: measured", file=sys.stderr, flush=True)
     return result
 
@@ -234,16 +246,17 @@ def main() -> None:
     parser.add_argument("--workdir", default=tempfile.gettempdir(), help="where to write (default: %(default)s)")
     parser.add_argument("--write-source", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--float32-check", nargs=2, type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--convert-wrong", help=argparse.SUPPRESS)
-    args, rest = parser.parse_known_args()
+    parser.add_argument("--convert", nargs=3, metavar=("KIND", "SOURCE", "OUTPUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
     if args.write_source:
         write_synthetic_checkpoint(args.write_source, args.layers)
         return
     if args.float32_check:
         float32_check(*args.float32_check)
         return
-    if args.convert_wrong:
-        sys.exit(convert_wrong(args.convert_wrong, rest))
+    if args.convert:
+        kind, source, output = args.convert
+        sys.exit(convert_and_report(kind, Path(source), Path(output)))
 
     load = os.getloadavg()[0]
     results = []
@@ -275,16 +288,17 @@ def main() -> None:
     for r in results:
         f32, exact = r["float32"], r["exact"]
         wrong = {
-            kind: f"fails: {r[kind]['relative_diff']:.3g}, first at {r['first_differing'][kind]}"
+            kind: f"fails: {r[kind]['verification']['difference']:.3g}, first at "
+            f"{r[kind]['verification']['first_differing']}"
             for kind in ("swapped", "perturbed")
         }
         old_verdict = "fails" if f32["max_abs_diff"] > OLD_TOLERANCE else "passes"
         print(
             f"| {r['source']} | {f32['max_abs_diff']:.3g} ({old_verdict})"
             f" | {f32['max_abs_diff'] / f32['logits_std']:.3g} (std {f32['logits_std']:.3g}) | "
-            f"{exact['relative_diff']:.3g} (passes) | {exact['verify_seconds']:.0f} s (float32 check: "
+            f"{exact['verification']['difference']:.3g} (passes) | {exact['verify_seconds']:.0f} s (float32 check: "
             f"{f32['seconds']:.0f} s) | {exact['peak_rss_bytes'] / gib:.2f} GiB | {wrong['swapped']} | "
-            f"{wrong['perturbed']} ({r['perturbation']:.2g} achieved) |"
+            f"{wrong['perturbed']} ({r['perturbed']['perturbation']:.2g} achieved) |"
         )
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
     print(f"\n{machine}; load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")

@@ -12,7 +12,9 @@ never run at once.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..atomic import atomic_directory
 from ..conversion.gguf import gguf_source
@@ -23,22 +25,34 @@ from ..conversion.staging import check_destination, clear_stale_staging, destina
 from ..conversion.write import write_conversion
 from ..errors import ConversionError, SourceError
 
+if TYPE_CHECKING:
+    from ..conversion.verify import VerifyResult
 
-def convert(options: ConvertOptions) -> ConversionPlan:
+
+@dataclass(frozen=True)
+class Conversion:
+    """What `convert` did: the plan it followed and, with `--verify`, what the verification measured."""
+
+    plan: ConversionPlan
+    verification: VerifyResult | None = None
+
+
+def convert(options: ConvertOptions) -> Conversion:
     """Run `path-hf convert`: plan, print the plan, and (unless `--dry-run`) write and optionally verify the
     converted checkpoint, atomically. The destination is checked first (`check_destination`), then locked until the
     output is in place (`destination_lock`: a second conversion to it is refused meanwhile). Staging directories that
     killed conversions to the same destination left are removed next (`clear_stale_staging`). A GGUF source is
     materialised beside the destination, and removed at the end whatever happens. With `--retrieval-layers` the source
-    runs first, to choose the PaTH layers (`conversion.retrieval`). A source that cannot be found or read
-    (`path_hf.loading`'s `SourceError`) raises `ConversionError` with the same message."""
+    runs first, to choose the PaTH layers (`conversion.retrieval`). A failed verification raises
+    `VerificationFailed`, which holds what it measured. A source that cannot be found or read (`path_hf.loading`'s
+    `SourceError`) raises `ConversionError` with the same message."""
     try:
         return _convert(options)
     except SourceError as error:
         raise ConversionError(str(error)) from error
 
 
-def _convert(options: ConvertOptions) -> ConversionPlan:
+def _convert(options: ConvertOptions) -> Conversion:
     output = Path(options.output).expanduser().resolve()
     local = Path(options.source).expanduser()
     # Before anything is made beside it; the plan checks it again, against a hub source too.
@@ -56,18 +70,21 @@ def _convert(options: ConvertOptions) -> ConversionPlan:
             plan = plan_conversion(options, source)
             print(plan.describe(), flush=True)
             if options.dry_run:
-                return plan
+                return Conversion(plan)
             staging, old = staging_directory(output, "tmp"), staging_directory(output, "old")
             with atomic_directory(output, staging, old):
                 start = time.perf_counter()
                 write_conversion(plan, staging)
                 seconds = time.perf_counter() - start
+                verification = None
                 if options.verify:
                     from ..conversion.verify import verify_conversion  # builds models: imported only when asked for
 
-                    verify_conversion(plan, staging)
+                    verification = verify_conversion(plan, staging)
+                    print(verification.describe(), flush=True)
+                    verification.check()
             print(f"wrote {output} ({format_size(plan.bytes_to_write)} in {seconds:.1f} s)", flush=True)
-    return plan
+    return Conversion(plan, verification)
 
 
-__all__ = ["convert"]
+__all__ = ["Conversion", "convert"]

@@ -293,14 +293,95 @@ def verification_input(source_dir: Path, vocab_size: int) -> tuple[torch.Tensor,
     return torch.randint(0, vocab_size, (1, 64), generator=generator), False
 
 
-def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
-    """Check the conversion written to `directory` against its source, or against `SourceReference` when the
-    conversion asks for a RoPE band or an attention temperature; returns the logits' relative difference
-    (`relative_difference`).
+@dataclasses.dataclass(frozen=True)
+class VerifyResult:
+    """What `verify_conversion` measured. `describe()` is what `path-hf convert --verify` prints of it, `check()`
+    raises `VerificationFailed` when the difference exceeds the tolerance."""
 
-    Prints what the reference is, the difference and the perplexity of both models on the built-in text. Raises
-    `ConversionError` when the difference exceeds `VERIFY_TOLERANCE` (naming the first stage whose output differs),
-    or when the checkpoint and the model disagree about a tensor.
+    # max |logits - reference logits| / std(reference logits), in float64 (`relative_difference`).
+    difference: float
+    # The tokens both models ran on: the built-in text's in the source's tokenizer, or fixed random ids.
+    tokens: int
+    # Whether the tokens are the built-in text (the source has a tokenizer): only then are perplexities measured.
+    text: bool
+    # What the converted model is compared with when it is not the source (`SourceReference.describe()`), else None.
+    reference: str | None
+    # The first output that differs beyond the tolerance ("layer 1's output", ...): where a failure shows first;
+    # None when the verification passed.
+    first_differing: str | None
+    # The converted model's RoPE mode and init, as the perplexity line names them.
+    rope_mode: str
+    path_init: str
+    # On the built-in text, once the verification passed: the source's, the reference's (only when there is one)
+    # and the converted model's as converted (its RoPE mode and init); None otherwise.
+    source_perplexity: float | None = None
+    reference_perplexity: float | None = None
+    converted_perplexity: float | None = None
+    tolerance: float = VERIFY_TOLERANCE
+
+    @property
+    def passed(self) -> bool:
+        """Whether the difference is within the tolerance."""
+        return self.difference <= self.tolerance  # NaN fails
+
+    def describe(self) -> str:
+        """The lines `--verify` prints once both models ran: the difference, then the perplexities (or why there
+        are none)."""
+        name = "source" if self.reference is None else "reference"
+        lines = [
+            f"verify: max |logits - {name} logits| / std({name} logits) = {self.difference:.3g} in float64, with "
+            f"RoPE kept and the transforms at identity (limit {self.tolerance:g})"
+        ]
+        if self.passed and not self.text:
+            lines.append("verify: the source has no tokenizer; perplexity skipped")
+        elif self.passed:
+            perplexities = [("source", self.source_perplexity)]
+            if self.reference is not None:
+                perplexities.append(("reference", self.reference_perplexity))
+            shown = ", ".join(f"{label} {perplexity:.3f}" for label, perplexity in perplexities)
+            lines.append(
+                f"verify: perplexity on the built-in text: {shown}, converted {self.converted_perplexity:.3f} "
+                f"(rope {self.rope_mode}, init {self.path_init})"
+            )
+        return "\n".join(lines)
+
+    def check(self) -> None:
+        """Raise `VerificationFailed` when the difference exceeds the tolerance, naming the first output that
+        differs."""
+        if self.passed:
+            return
+        against = "the source's" if self.reference is None else f"the reference's ({self.reference})"
+        cause = (
+            "the weight mapping is wrong."
+            if self.reference is None
+            else "the weight mapping is wrong, or the converted model does not apply its RoPE band or temperature as "
+            "the reference does."
+        )
+        raise VerificationFailed(
+            f"verification failed: the converted model's logits differ from {against} by {self.difference:.3g} x "
+            f"their std (limit {self.tolerance:g}; float64, RoPE kept, transforms at identity), first at "
+            f"{self.first_differing}: {cause}",
+            self,
+        )
+
+
+class VerificationFailed(ConversionError):
+    """The converted model's logits differ from the reference's beyond the tolerance; `result` is what was
+    measured."""
+
+    def __init__(self, message: str, result: VerifyResult):
+        super().__init__(message)
+        self.result = result
+
+
+def verify_conversion(plan: ConversionPlan, directory: Path) -> VerifyResult:
+    """Run the conversion written to `directory` and its source, or `SourceReference` when the conversion asks for
+    a RoPE band or an attention temperature, and compare their logits; then, if they agree and the source has a
+    tokenizer, measure the perplexities on the built-in text.
+
+    Prints what it runs, on how many tokens and, when it is not the source, what the reference is, as it goes; the
+    caller prints the result (`VerifyResult.describe()`) and fails on it (`VerifyResult.check()`). Raises
+    `ConversionError` when the checkpoint and the model disagree about a tensor, or when logits hold NaN or Inf.
     """
     input_ids, is_text = verification_input(plan.source.path, plan.config.vocab_size)
     if plan.config.local_window is not None and input_ids.shape[1] > plan.config.local_window:
@@ -326,8 +407,6 @@ def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
         observe=record,
         prepare_model=reference.prepare if reference.changed else None,
     )
-    # "source" where the reference is the source, "reference" where it is changed: the words of the messages.
-    name = "reference" if reference.changed else "source"
     if reference.changed:
         print(f"verify: reference: {reference.describe()}", flush=True)
 
@@ -351,6 +430,8 @@ def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
             f"verification failed: the converted checkpoint holds tensors the model does not use, e.g. "
             f"{sorted(converted.unused)[0]!r}."
         )
+    # "source" where the reference is the source, "reference" where it is changed: the words of the message.
+    name = "reference" if reference.changed else "source"
     for model, logits, stages in (
         (name, source_logits, source_nonfinite),
         ("converted model", identity_logits, converted_nonfinite),
@@ -362,48 +443,39 @@ def verify_conversion(plan: ConversionPlan, directory: Path) -> float:
                 "non-finite values (converted with --allow-nonfinite), so the models cannot be compared; convert "
                 "without --verify to keep them."
             )
-    difference = relative_difference(identity_logits, source_logits)
-    print(
-        f"verify: max |logits - {name} logits| / std({name} logits) = {difference:.3g} in float64, with RoPE kept "
-        f"and the transforms at identity (limit {VERIFY_TOLERANCE:g})",
-        flush=True,
+    result = VerifyResult(
+        difference=relative_difference(identity_logits, source_logits),
+        tokens=input_ids.shape[1],
+        text=is_text,
+        reference=reference.describe() if reference.changed else None,
+        first_differing=None,
+        rope_mode=config.rope_mode,
+        path_init=config.path_init,
     )
-    if not difference <= VERIFY_TOLERANCE:
-        first = differing[0] if differing else "the logits (the head)"
-        against = f"the reference's ({reference.describe()})" if reference.changed else "the source's"
-        cause = (
-            "the weight mapping is wrong, or the converted model does not apply its RoPE band or temperature as the "
-            "reference does."
-            if reference.changed
-            else "the weight mapping is wrong."
-        )
-        raise ConversionError(
-            f"verification failed: the converted model's logits differ from {against} by {difference:.3g} x "
-            f"their std (limit {VERIFY_TOLERANCE:g}; float64, RoPE kept, transforms at identity), first at {first}: "
-            f"{cause}"
-        )
-
+    if not result.passed:
+        return dataclasses.replace(result, first_differing=differing[0] if differing else "the logits (the head)")
     if not is_text:
-        print("verify: the source has no tokenizer; perplexity skipped", flush=True)
-        return difference
+        return result
+
     same_model = RopeMode(config.rope_mode).keeps_rope and config.path_init == "identity"
     converted_logits = identity_logits if same_model else streamed_logits(config, converted, input_ids)
-    perplexities = [("source", source_logits)]
+    source_perplexity, reference_perplexity = _perplexity(source_logits, input_ids), None
     if reference.changed:  # the source as it is too: what the band or the temperature costs before training
         plain_logits = streamed_logits(source_config, CheckpointTensors(plan.weights, round_to), input_ids)
-        perplexities = [("source", plain_logits), ("reference", source_logits)]
-    shown = ", ".join(f"{label} {_perplexity(logits, input_ids):.3f}" for label, logits in perplexities)
-    print(
-        f"verify: perplexity on the built-in text: {shown}, converted {_perplexity(converted_logits, input_ids):.3f} "
-        f"(rope {config.rope_mode}, init {config.path_init})",
-        flush=True,
+        source_perplexity, reference_perplexity = _perplexity(plain_logits, input_ids), source_perplexity
+    return dataclasses.replace(
+        result,
+        source_perplexity=source_perplexity,
+        reference_perplexity=reference_perplexity,
+        converted_perplexity=_perplexity(converted_logits, input_ids),
     )
-    return difference
 
 
 __all__ = [
     "CheckpointTensors",
     "SourceReference",
+    "VerificationFailed",
+    "VerifyResult",
     "identity_transforms",
     "llama4_temperature",
     "relative_difference",

@@ -20,7 +20,10 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from path_hf.cli import main
+from path_hf.arguments import from_arguments
+from path_hf.cli import build_parser, main
+from path_hf.commands.convert import Conversion, convert
+from path_hf.conversion.options import ConvertOptions
 from path_hf.conversion.verify import TEXT_FILE
 
 TINY = dict(
@@ -108,3 +111,12 @@ def run_cli(capsys, *args) -> tuple[int, str, str]:
     code = main([str(arg) for arg in args])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def convert_in_process(capsys, *args) -> tuple[Conversion, str]:
+    """`path-hf convert ARGS` by its function, `convert`, with the options the CLI parses from `ARGS`: (what it
+    returned, stdout). A refusal or a failure raises."""
+    capsys.readouterr()  # drop what came before
+    options = from_arguments(build_parser().parse_args(["convert", *(str(arg) for arg in args)]), ConvertOptions)
+    conversion = convert(options)
+    return conversion, capsys.readouterr().out

@@ -5,7 +5,6 @@ the converted model past the window is transformers' Mistral with the same slidi
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -19,10 +18,8 @@ from path_hf.errors import RecipeError
 from path_hf.evaluation import rope_parameters_for, rope_scaling
 from path_hf.recipes.arguments import ModelArguments
 from path_hf.recipes.models import conversion_options, convert_flags
-from tests.conversion.checkpoints import make_source, run_cli
+from tests.conversion.checkpoints import convert_in_process, make_source, run_cli
 from tests.evaluation.test_local_layers import script
-
-DIFFERENCE = re.compile(r"verify: max \|logits - source logits\| / std\(source logits\) = (\S+) in float64")
 
 
 @pytest.mark.parametrize(("window", "tokens"), [(16, 16), (1000, 256)])
@@ -30,15 +27,16 @@ def test_convert_and_verify_local_layers(window, tokens, tmp_path, capsys):
     source = make_source(tmp_path / "source", "llama", tokenizer=True)
     output = tmp_path / "converted"
     flags = ["--layers", "1", "--local-window", str(window), "--local-sinks", "2", "--init", "identity", "--verify"]
-    code, out, err = run_cli(capsys, "convert", "--from", source, "--to", output, "--rope", "keep", *flags)
-    assert code == 0, err
+    conversion, out = convert_in_process(capsys, "--from", source, "--to", output, "--rope", "keep", *flags)
     assert (
         f"local layers: 0,2, RoPE attention to the last {window} tokens and 2 sink(s) renumbered into the window\n"
         in out
     )
     assert f"verify: running the source and the converted model on {min(tokens, 256)} tokens" in out
     assert ("the local layers' window (--local-window)" in out) == (window < 256)
-    assert float(DIFFERENCE.search(out)[1]) <= VERIFY_TOLERANCE
+    assert conversion.verification.tokens == min(tokens, 256)
+    assert conversion.verification.difference <= VERIFY_TOLERANCE
+    assert f"std(source logits) = {conversion.verification.difference:.3g} in float64" in out
     saved = json.loads((output / "config.json").read_text())
     assert (saved["local_window"], saved["local_sinks"], saved["path_layers"]) == (window, 2, [1])
     assert saved["path_conversion"]["options"]["local_window"] == window

@@ -6,7 +6,6 @@ values are refused before anything is written."""
 
 import json
 import math
-import re
 
 import pytest
 import torch
@@ -15,19 +14,20 @@ from transformers import AutoModelForCausalLM
 import path_hf.modeling_path_llama
 from path_hf.conversion.options import VERIFY_TOLERANCE, ConvertOptions
 from path_hf.conversion.plan import plan_conversion
+from path_hf.conversion.verify import VerificationFailed
 from path_hf.errors import RecipeError
 from path_hf.recipes.arguments import ModelArguments
 from path_hf.recipes.models import conversion_options
 from tests.conversion import test_convert_models
-from tests.conversion.checkpoints import make_source, run_cli
+from tests.conversion.checkpoints import convert_in_process, make_source, run_cli
 from tests.conversion.gguf_files import tiny_model, write_gguf
 
 # The tiny sources' head dim is 16 (8 pairs), rope_theta 1e4: wavelengths 2 pi 10^(i/2) = 6.3, 20, 63, 199, 628, 1987,
 # 6283, 19869 tokens; max_position_embeddings 256, so `context` keeps pairs 0-3.
 LLAMA3_ROPE = {**test_convert_models.LLAMA3_ROPE, "original_max_position_embeddings": 64}
-DIFFERENCE = re.compile(
-    r"verify: max \|logits - reference logits\| / std\(reference logits\) = (\S+) in float64, with RoPE kept and "
-    rf"the transforms at identity \(limit {VERIFY_TOLERANCE:g}\)"
+DIFFERENCE = (
+    "verify: max |logits - reference logits| / std(reference logits) = {:.3g} in float64, with RoPE kept and the "
+    f"transforms at identity (limit {VERIFY_TOLERANCE:g})\n"
 )
 EXACT = ["--init", "identity", "--verify"]
 # id: (architecture, how the source is made, convert flags, the plan's band line, how verify names the reference)
@@ -88,14 +88,19 @@ def test_convert_and_verify(case, tmp_path, capsys):
     kind, source_fields, flags, band, reference = CASES[case]
     source = make_source(tmp_path / "source", kind, **source_fields)
     output = tmp_path / "converted"
-    code, out, err = run_cli(capsys, "convert", "--from", source, "--to", output, *flags)
-    assert code == 0, err
+    conversion, out = convert_in_process(capsys, "--from", source, "--to", output, *flags)
+    verification = conversion.verification
     if band is not None:
         assert band + "\n" in out
     assert f"verify: reference: {reference}\n" in out
-    assert float(DIFFERENCE.search(out)[1]) <= VERIFY_TOLERANCE
+    assert verification.reference == reference
+    assert verification.difference <= VERIFY_TOLERANCE
+    assert DIFFERENCE.format(verification.difference) in out
     if source_fields.get("tokenizer"):
-        assert re.search(r"verify: perplexity on the built-in text: source \S+, reference \S+, converted", out)
+        assert (
+            f"verify: perplexity on the built-in text: source {verification.source_perplexity:.3f}, reference "
+            f"{verification.reference_perplexity:.3f}, converted {verification.converted_perplexity:.3f}" in out
+        )
 
     saved = json.loads((output / "config.json").read_text())
     given = dict(zip(flags[::2], flags[1::2], strict=False))
@@ -159,11 +164,11 @@ def test_gguf_source(tmp_path, capsys):
     source = write_gguf(tmp_path / "model.gguf", tiny_model(), "llama", "F32", tokenizer=False)
     output = tmp_path / "converted"
     flags = ["--rope", "keep", "--rope-max-wavelength", "context", *EXACT]
-    code, out, err = run_cli(capsys, "convert", "--from", source, "--to", output, *flags)
-    assert code == 0, err
+    conversion, out = convert_in_process(capsys, "--from", source, "--to", output, *flags)
     assert "RoPE band:    pairs 0-2 rotate (wavelength <= 128 tokens, the source's context), pairs 3-7 do not\n" in out
     assert "verify: reference: the source with RoPE pairs 3-7 removed" in out
-    assert float(DIFFERENCE.search(out)[1]) <= VERIFY_TOLERANCE
+    assert conversion.verification.difference <= VERIFY_TOLERANCE
+    assert DIFFERENCE.format(conversion.verification.difference) in out
     assert json.loads((output / "config.json").read_text())["rope_max_wavelength"] == 128.0
 
 
@@ -191,17 +196,17 @@ def test_verify_fails_when_the_model_does_not_follow_the_reference(case, tmp_pat
     source = make_source(tmp_path / "source", "llama")
     monkeypatch.setattr(path_hf.modeling_path_llama, name, replacement)
     output = tmp_path / "converted"
-    code, out, err = run_cli(capsys, "convert", "--from", source, "--to", output, "--rope", "keep", *flags, *EXACT)
-    assert code == 1
-    failed = re.fullmatch(
-        r"error: verification failed: the converted model's logits differ from the reference's "
-        rf"\({re.escape(reference)}\) by (\S+) x their std \(limit {VERIFY_TOLERANCE:g}; float64, RoPE kept, "
-        r"transforms at identity\), first at layer 0's output: the weight mapping is wrong, or the converted model "
-        r"does not apply its RoPE band or temperature as the reference does\.\n",
-        err,
+    with pytest.raises(VerificationFailed) as failed:
+        convert_in_process(capsys, "--from", source, "--to", output, "--rope", "keep", *flags, *EXACT)
+    verification = failed.value.result
+    assert str(failed.value) == (
+        f"verification failed: the converted model's logits differ from the reference's ({reference}) by "
+        f"{verification.difference:.3g} x their std (limit {VERIFY_TOLERANCE:g}; float64, RoPE kept, transforms at "
+        "identity), first at layer 0's output: the weight mapping is wrong, or the converted model does not apply its "
+        "RoPE band or temperature as the reference does."
     )
-    assert failed, err
-    assert float(failed[1]) > 100 * VERIFY_TOLERANCE
+    assert (verification.reference, verification.first_differing) == (reference, "layer 0's output")
+    assert verification.difference > 100 * VERIFY_TOLERANCE
     assert not output.exists() and sorted(path.name for path in tmp_path.iterdir()) == ["source"]
 
 

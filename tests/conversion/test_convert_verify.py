@@ -1,8 +1,6 @@
 """`--verify`: the streamed float64 forward, and the verdict: exact conversions of deeper models pass, a swapped or
 slightly perturbed tensor fails with one line naming where the outputs first differ, whatever the logits' scale."""
 
-import re
-
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -12,15 +10,17 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 import path_hf.commands.convert
 import path_hf.conversion.verify
 from path_hf.conversion.options import VERIFY_TOLERANCE
-from path_hf.conversion.verify import relative_difference, streamed_logits
-from tests.conversion.checkpoints import make_source, run_cli
+from path_hf.conversion.verify import VerificationFailed, VerifyResult, relative_difference, streamed_logits
+from tests.conversion.checkpoints import convert_in_process, make_source
 
-PRINTED = re.compile(r"verify: max \|logits - source logits\| / std\(source logits\) = (\S+) in float64")
-FAILED = re.compile(
-    r"error: verification failed: the converted model's logits differ from the source's by (\S+) x their std "
-    rf"\(limit {VERIFY_TOLERANCE:g}; float64, RoPE kept, transforms at identity\), first at (.+): the weight mapping "
-    r"is wrong\.\n"
-)
+
+def failure_message(verification: VerifyResult) -> str:
+    """The one line a conversion that differs from its source fails with."""
+    return (
+        "verification failed: the converted model's logits differ from the source's by "
+        f"{verification.difference:.3g} x their std (limit {VERIFY_TOLERANCE:g}; float64, RoPE kept, transforms at "
+        f"identity), first at {verification.first_differing}: the weight mapping is wrong."
+    )
 
 
 def edit_checkpoint(directory, edit) -> None:
@@ -41,9 +41,9 @@ def swap(tensors, first: str, second: str) -> None:
     tensors[first], tensors[second] = tensors[second], tensors[first]
 
 
-def convert_with(monkeypatch, capsys, tmp_path, source, edit=None):
+def convert_with(monkeypatch, capsys, tmp_path, source, edit=None) -> tuple[VerifyResult, str, str | None]:
     """`path-hf convert --rope keep --init identity --verify` with `edit` applied to the written checkpoint before it
-    is verified: (exit code, stdout, stderr)."""
+    is verified: (what the verification measured, stdout, the error's message or None if it passed)."""
     write_conversion = path_hf.commands.convert.write_conversion
 
     def write_then_edit(plan, directory):
@@ -54,11 +54,15 @@ def convert_with(monkeypatch, capsys, tmp_path, source, edit=None):
     output = tmp_path / "converted"
     with monkeypatch.context() as patch:
         patch.setattr(path_hf.commands.convert, "write_conversion", write_then_edit)
-        code, out, err = run_cli(
-            capsys, "convert", "--from", source, "--to", output, "--rope", "keep", "--init", "identity", "--verify"
-        )
-    assert output.exists() == (code == 0)
-    return code, out, err
+        try:
+            conversion, out = convert_in_process(
+                capsys, "--from", source, "--to", output, "--rope", "keep", "--init", "identity", "--verify"
+            )
+        except VerificationFailed as failed:
+            assert not output.exists()
+            return failed.result, capsys.readouterr().out, str(failed)
+    assert output.exists()
+    return conversion.verification, out, None
 
 
 def test_streamed_logits_hold_one_layer_at_a_time(tmp_path, monkeypatch):
@@ -115,11 +119,17 @@ def test_rounding_stays_far_below_the_limit(tmp_path):
 
 def test_deeper_exact_conversion_passes(tmp_path, monkeypatch, capsys):
     source = make_source(tmp_path / "source", "llama", num_hidden_layers=12, tokenizer=True)
-    code, out, err = convert_with(monkeypatch, capsys, tmp_path, source)
-    assert code == 0, err
-    assert float(PRINTED.search(out)[1]) <= VERIFY_TOLERANCE
-    assert f"(limit {VERIFY_TOLERANCE:g})" in out
-    assert "verify: perplexity on the built-in text: source" in out
+    verification, out, error = convert_with(monkeypatch, capsys, tmp_path, source)
+    assert error is None
+    assert verification.difference <= VERIFY_TOLERANCE
+    assert (
+        f"verify: max |logits - source logits| / std(source logits) = {verification.difference:.3g} in float64, with "
+        f"RoPE kept and the transforms at identity (limit {VERIFY_TOLERANCE:g})\n" in out
+    )
+    assert (
+        f"verify: perplexity on the built-in text: source {verification.source_perplexity:.3f}, converted "
+        f"{verification.converted_perplexity:.3f} (rope keep, init identity)\n" in out
+    )
 
 
 # id: (how the written checkpoint is wrong, where the outputs first differ)
@@ -140,11 +150,9 @@ def test_wrong_tensor_fails(case, tmp_path, monkeypatch, capsys):
     """A misplaced tensor, or one perturbed by 1e-3 of its scale, fails with one line naming where it shows first."""
     edit, first = WRONG[case]
     source = make_source(tmp_path / "source", "llama", num_hidden_layers=4)
-    code, _, err = convert_with(monkeypatch, capsys, tmp_path, source, edit)
-    assert code == 1
-    failed = FAILED.fullmatch(err)
-    assert failed, err
-    assert float(failed[1]) > VERIFY_TOLERANCE and failed[2] == first
+    verification, _, error = convert_with(monkeypatch, capsys, tmp_path, source, edit)
+    assert error == failure_message(verification)
+    assert verification.difference > VERIFY_TOLERANCE and verification.first_differing == first
 
 
 def test_tolerance_is_relative_to_the_logits_scale(tmp_path, monkeypatch, capsys):
@@ -154,13 +162,13 @@ def test_tolerance_is_relative_to_the_logits_scale(tmp_path, monkeypatch, capsys
     for scale in (2.0**-12, 1.0, 2.0**12):
         source = make_source(tmp_path / f"source-{scale}", "llama")
         edit_checkpoint(source, lambda t, scale=scale: t["model.norm.weight"].mul_(scale))
-        code, _, err = convert_with(
+        verification, _, error = convert_with(
             monkeypatch,
             capsys,
             tmp_path / str(scale),
             source,
             lambda t: perturb(t, "model.layers.1.mlp.up_proj.weight"),
         )
-        assert code == 1, err
-        differences.append(float(FAILED.fullmatch(err)[1]))
+        assert error == failure_message(verification)
+        differences.append(verification.difference)
     assert differences[0] == differences[1] == differences[2]
