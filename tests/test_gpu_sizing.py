@@ -1,6 +1,6 @@
-"""bench/gpu_smollm2.py's stage bookkeeping, which the GPU run relies on and CI can check without a GPU: each stage's
-rate read back from the recipe's JSONL log by stage index (two stages of one name included), and the stages scaled by
-one factor to fill the training time."""
+"""bench/gpu/gpu_smollm2.py's stage bookkeeping, which the GPU run relies on and CI can check without a GPU: each
+stage's rate read back from the recipe's JSONL log by stage index (two stages of one name included), and the stages
+scaled by one factor to fill the training time."""
 
 import importlib.util
 import json
@@ -13,7 +13,7 @@ from path_hf.recipes.arguments import Stage
 from path_hf.recipes.schedule import plan_stages, tokens_before
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("gpu_smollm2", ROOT / "bench" / "gpu_smollm2.py")
+spec = importlib.util.spec_from_file_location("gpu_smollm2", ROOT / "bench" / "gpu" / "gpu_smollm2.py")
 gpu_smollm2 = importlib.util.module_from_spec(spec)
 sys.modules["gpu_smollm2"] = gpu_smollm2
 spec.loader.exec_module(gpu_smollm2)

@@ -1,9 +1,9 @@
 """(d) SmolLM2-135M-Instruct converted to PaTH, recovered and evaluated on one GPU with the project's own commands.
 
-The `smollm2` section of bench/gpu_bench.py. From the GGUF (bench/gpu_carry.py brings it to the GPU machine) and
-recipes/configs/smollm2-135m-gpu.yaml (the CPU recipe's design: RoPE interleaved with PaTH, FLA's init, the forget
-gate; align and distill at 512-token blocks, then at 2048; plus a last distill stage at 8192, the source's whole
-context; bf16, FLA's kernels):
+The `smollm2` section of bench/gpu/gpu_bench.py. From the GGUF (bench/gpu/gpu_carry.py brings it to the GPU machine)
+and recipes/configs/smollm2-135m-gpu.yaml (the CPU recipe's design: RoPE interleaved with PaTH, FLA's init, the
+forget gate; align and distill at 512-token blocks, then at 2048; plus a last distill stage at 8192, the source's
+whole context; bf16, FLA's kernels):
 
 1. `path-hf convert` with the config's `model.convert` options. `start()` launches it at once: it runs on the CPU
    while gpu_bench.py's FLA sections hold the GPU.
@@ -45,7 +45,7 @@ from path_hf.recipes.arguments import RecipeConfig
 from path_hf.recipes.models import convert_flags
 from path_hf.recipes.schedule import StagePlan, plan_stages, stage_at, tokens_before
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "recipes" / "configs" / "smollm2-135m-gpu.yaml"
 TEXTS = {
     "pydocs": ("examples/default_model/data/eval.jsonl.xz", "held-out Python docs, like the training text"),

