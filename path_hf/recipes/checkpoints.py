@@ -72,7 +72,7 @@ def latest_checkpoint(output_dir: Path, accelerator: Accelerator) -> Path | None
             accelerator.print(f"removed {staging}: a checkpoint save that did not finish")
     incomplete, found = [], None
     for path in reversed(step_dirs(output_dir)):
-        if (path / RUN_STATE).is_file() or any(path.glob("custom_checkpoint_*.pkl")):  # old format: refused later
+        if (path / RUN_STATE).is_file():
             found = path
             break
         incomplete.append(path.name)
@@ -181,12 +181,6 @@ def read_checkpoint(checkpoint: Path, accelerator: Accelerator) -> RunState:
     written by as many processes as this run has, every file it lists present with the size it was written with
     (safetensors headers readable), and every file besides safetensors and JSON must load through accelerate's
     restricted loader (tensors, numbers, containers, numpy arrays). Only `accelerator.num_processes` is read."""
-    if pickled := sorted(checkpoint.glob("custom_checkpoint_*.pkl")):
-        raise RecipeError(
-            f"{pickled[0]}: a pickled run state (what earlier versions of this recipe wrote) is not loaded, as a "
-            "pickle can run code; this checkpoint cannot be resumed: start anew with --force or in a new "
-            "training.output_dir"
-        )
     state, processes, files = parse_run_state(checkpoint / RUN_STATE)
     if processes != accelerator.num_processes:
         raise RecipeError(
