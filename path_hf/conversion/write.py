@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import torch
+from huggingface_hub import ModelCard, ModelCardData
 from transformers import GenerationConfig
 from transformers.dynamic_module_utils import custom_object_save
 from transformers.utils import GENERATION_CONFIG_NAME
@@ -132,7 +133,7 @@ def write_conversion(plan: ConversionPlan, directory: Path) -> None:
         GenerationConfig.from_model_config(config).save_pretrained(directory)
     for path in plan.extra_files:
         shutil.copyfile(path, directory / path.name)
-    (directory / "README.md").write_text(model_card(plan))
+    model_card(plan).save(directory / "README.md")
 
 
 def save_model_code(directory: Path, config: PaTHLlamaConfig) -> None:
@@ -144,11 +145,17 @@ def save_model_code(directory: Path, config: PaTHLlamaConfig) -> None:
     custom_object_save(model, directory, config=config)
 
 
-def model_card(plan: ConversionPlan) -> str:
-    """README.md of the converted model: what was done, and how to load and train it."""
+def model_card(plan: ConversionPlan) -> ModelCard:
+    """README.md of the converted model: the hub's metadata (`ModelCardData`, the YAML front matter), what was done,
+    and how to load and train it."""
     config, source = plan.config, plan.source
+    card_data = ModelCardData(
+        base_model=source.repo_id,  # None (left out) for a local directory or a GGUF file
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=["path-attention", "path-hf"],
+    )
     revision = f" (revision `{source.revision}`)" if source.revision else ""
-    base_model = f"base_model: {source.repo_id}\n" if source.repo_id else ""
     source_named = f"[{source.repo_id}](https://huggingface.co/{source.repo_id})" if source.repo_id else "a checkpoint"
     if source.gguf:
         source_named = f"the GGUF file `{source.gguf.file.name}`"
@@ -197,12 +204,8 @@ def model_card(plan: ConversionPlan) -> str:
             "RoPE is removed from the PaTH layers, as in the paper: the model starts far from the source and must "
             "be distilled from it or trained further to recover its quality."
         )
-    return f"""---
-{base_model}library_name: transformers
-pipeline_tag: text-generation
-tags:
-- path-attention
-- path-hf
+    return ModelCard(f"""---
+{card_data.to_yaml()}
 ---
 
 # {Path(plan.options.output).name}
@@ -244,7 +247,7 @@ The new parameters are ordinary parameters: fine-tune, distill from the source m
 each attention layer's output, then the logits) or continue pretraining with any transformers trainer; the
 recipes of path-hf do this with accelerate. With PEFT, keep the new modules trainable: `modules_to_save=[{trained[0]},
 {", ".join(trained[1:])}]`.
-"""
+""")
 
 
 __all__ = ["init_new_parameters", "layer_seed", "model_card", "save_model_code", "write_conversion"]

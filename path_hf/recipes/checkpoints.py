@@ -6,10 +6,12 @@ the refusal to start anew over an earlier run, and stopping at the end of a step
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -70,7 +72,7 @@ def latest_checkpoint(output_dir: Path, accelerator: Accelerator) -> Path | None
             accelerator.print(f"removed {staging}: a checkpoint save that did not finish")
     incomplete, found = [], None
     for path in reversed(step_dirs(output_dir)):
-        if (path / RUN_STATE).is_file() or any(path.glob("custom_checkpoint_*.pkl")):  # old format: refused later
+        if (path / RUN_STATE).is_file():
             found = path
             break
         incomplete.append(path.name)
@@ -179,12 +181,6 @@ def read_checkpoint(checkpoint: Path, accelerator: Accelerator) -> RunState:
     written by as many processes as this run has, every file it lists present with the size it was written with
     (safetensors headers readable), and every file besides safetensors and JSON must load through accelerate's
     restricted loader (tensors, numbers, containers, numpy arrays). Only `accelerator.num_processes` is read."""
-    if pickled := sorted(checkpoint.glob("custom_checkpoint_*.pkl")):
-        raise RecipeError(
-            f"{pickled[0]}: a pickled run state (what earlier versions of this recipe wrote) is not loaded, as a "
-            "pickle can run code; this checkpoint cannot be resumed: start anew with --force or in a new "
-            "training.output_dir"
-        )
     state, processes, files = parse_run_state(checkpoint / RUN_STATE)
     if processes != accelerator.num_processes:
         raise RecipeError(
@@ -433,13 +429,22 @@ LAUNCHER_VARIABLES = ("ACCELERATE_MIXED_PRECISION", "TORCHELASTIC_RUN_ID")  # se
 
 
 def follow_launcher(poll_seconds: float = 1.0) -> None:
-    """Under `accelerate launch` or torchrun, send this process SIGTERM when its launcher dies, so that it checkpoints
-    and exits (`StopRequest`). accelerate's one-process launcher dies of a SIGTERM (from `kill`, `timeout`, a
-    scheduler) without passing it on, and the training process would otherwise train on, re-parented; this also
-    covers a launcher killed by SIGKILL. A script started from a shell keeps running when the shell exits (nohup)."""
+    """Under `accelerate launch` or torchrun, have this process sent SIGTERM when its launcher dies, so that it
+    checkpoints and exits (`StopRequest`). accelerate's one-process launcher dies of a SIGTERM (from `kill`, `timeout`,
+    a scheduler) without passing it on, and the training process would otherwise train on, re-parented; this also
+    covers a launcher killed by SIGKILL. A script started from a shell keeps running when the shell exits (nohup).
+
+    On Linux the kernel sends the signal (`prctl(PR_SET_PDEATHSIG)`) when the thread that started this process exits:
+    these launchers start their workers from their main thread, so when the launcher exits. A launcher gone before
+    that was set is seen by the parent having changed since. Where there is no `prctl`, a daemon thread looks for a new
+    parent every `poll_seconds`."""
     if not any(name in os.environ for name in LAUNCHER_VARIABLES):
         return
     launcher = os.getppid()
+    if _signal_on_parent_death(signal.SIGTERM):
+        if os.getppid() != launcher:  # the launcher died before the kernel was told to signal its death
+            os.kill(os.getpid(), signal.SIGTERM)
+        return
 
     def watch() -> None:
         while os.getppid() == launcher:
@@ -447,3 +452,17 @@ def follow_launcher(poll_seconds: float = 1.0) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="follow-launcher", daemon=True).start()
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _signal_on_parent_death(signum: int) -> bool:
+    """Have Linux send this process `signum` when the thread of its parent that started it exits
+    (`prctl(PR_SET_PDEATHSIG)`; the processes it forks do not inherit it). False where there is no `prctl`."""
+    if sys.platform != "linux":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    return True

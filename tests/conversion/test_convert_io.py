@@ -41,6 +41,22 @@ def test_writer_streams_tensors_and_raw_copies(tmp_path):
     assert torch.equal(written["new"], new)
 
 
+def test_writer_writes_the_bytes_safetensors_writes_for_tensors_in_its_order(tmp_path):
+    # save_file orders tensors by dtype alignment, then name: these already are.
+    tensors = {
+        "a": torch.arange(5, dtype=torch.int64),
+        "b": torch.randn(3, 5),
+        "c": torch.randn(2, dtype=torch.bfloat16),
+        "d": torch.tensor([True, False, True]),
+    }
+    save_file(tensors, tmp_path / "safetensors.safetensors", metadata={"format": "pt"})
+    entries = [TensorMeta(name, tensor.dtype, tuple(tensor.shape)) for name, tensor in tensors.items()]
+    with SafetensorsWriter(tmp_path / "ours.safetensors", entries) as writer:
+        for entry in entries:
+            writer.write_tensor(entry, tensors[entry.name])
+    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "safetensors.safetensors").read_bytes()
+
+
 def test_writer_refuses_what_the_header_did_not_announce(tmp_path):
     writer = SafetensorsWriter(tmp_path / "out.safetensors", [TensorMeta("x", torch.float32, (2,))])
     with pytest.raises(RuntimeError, match="where the header has"):

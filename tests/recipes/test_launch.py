@@ -133,3 +133,51 @@ def test_sigterm_to_the_launcher_stops_training_with_a_checkpoint_to_resume_from
     config["training"]["resume"] = True
     assert run_recipe(config, tmp_path) == 0
     assert [entry["step"] for entry in read_log(out) if "train/lr" in entry] == list(range(1, stopped_at + 2))
+
+
+# A launcher of one worker that follows it (`follow_launcher`) the way `mode` says: "prctl" as on Linux, "poll" as
+# where there is no prctl, "gone" with the launcher killed (SIGKILL) before prctl is set. The worker prints "SIGTERM"
+# when it gets one.
+FOLLOWING_WORKER = """
+import os, signal, subprocess, sys, time
+
+mode = sys.argv[1]
+if sys.argv[2:] != ["worker"]:
+    worker = subprocess.Popen([sys.executable, __file__, mode, "worker"])
+    worker.wait()
+    sys.exit(worker.returncode)
+
+from path_hf.recipes import checkpoints
+
+signal_on_parent_death = checkpoints._signal_on_parent_death
+if mode == "poll":
+    checkpoints._signal_on_parent_death = lambda signum: False
+elif mode == "gone":
+    def launcher_gone_first(signum):
+        launcher = os.getppid()
+        os.kill(launcher, signal.SIGKILL)
+        while os.getppid() == launcher:
+            time.sleep(0.01)
+        return signal_on_parent_death(signum)
+    checkpoints._signal_on_parent_death = launcher_gone_first
+
+signal.signal(signal.SIGTERM, lambda signum, frame: (print("SIGTERM", flush=True), sys.exit(0)))
+checkpoints.follow_launcher(poll_seconds=0.05)
+print("following", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("mode", ["prctl", "poll", "gone"])
+def test_a_worker_gets_sigterm_when_its_launcher_is_killed(tmp_path, mode):
+    script = tmp_path / "launcher.py"
+    script.write_text(FOLLOWING_WORKER)
+    env = environment(ACCELERATE_MIXED_PRECISION="no")
+    with processes.group([sys.executable, str(script), mode], env=env) as launcher:
+        assert launcher.stdout.readline() == ("SIGTERM\n" if mode == "gone" else "following\n")
+        if mode != "gone":
+            launcher.kill()
+        # The worker writes to the launcher's stdout: it closes when the worker has exited too.
+        stdout, stderr = processes.communicate(launcher, timeout=30)
+    assert launcher.returncode == -signal.SIGKILL
+    assert stdout == ("" if mode == "gone" else "SIGTERM\n"), stderr[-3000:]
