@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .arguments import Stage
+from .arguments import PlannedStage, Stage
 
 
 @dataclass(frozen=True)
@@ -24,15 +24,14 @@ class StagePlan:
     tokens_per_step: int
 
 
-def plan_stages(stages: list[Stage], block_size: int, sequences_per_step: int) -> list[StagePlan]:
-    """The stages one after another, each with enough steps for its token budget (at least one). `block_size`: the
-    sequences' length where a stage sets none; `sequences_per_step`: batch size x accumulation x processes."""
+def plan_stages(stages: list[PlannedStage], sequences_per_step: int) -> list[StagePlan]:
+    """The stages (`RecipeConfig.stage_plan`) one after another, each with enough steps for its token budget (at least
+    one). `sequences_per_step`: batch size x accumulation x processes."""
     plans, first = [], 0
-    for stage in stages:
-        size = stage.block_size or block_size
-        tokens_per_step = size * sequences_per_step
-        steps = max(1, math.ceil(stage.tokens / tokens_per_step))
-        plans.append(StagePlan(stage, first, steps, size, tokens_per_step))
+    for planned in stages:
+        tokens_per_step = planned.block_size * sequences_per_step
+        steps = max(1, math.ceil(planned.stage.tokens / tokens_per_step))
+        plans.append(StagePlan(planned.stage, first, steps, planned.block_size, tokens_per_step))
         first += steps
     return plans
 

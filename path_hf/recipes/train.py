@@ -93,7 +93,7 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
     delete_earlier_run(earlier_outputs, output_dir, accelerator)
     micro_batches = training.gradient_accumulation_steps
     sequences_per_step = training.batch_size * micro_batches * accelerator.num_processes
-    stages = plan_stages(config.stages, data_args.block_size, sequences_per_step)
+    stages = plan_stages(config.stage_plan, sequences_per_step)
     checkpoint = latest_checkpoint(output_dir, accelerator) if training.resume else None
     state = RunState(config=recorded_config(config))
     if checkpoint is not None:  # the checkpoint whole, its run state sound and its config this one
@@ -107,16 +107,12 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
     isolated = holds_whole_weights(accelerator)
     alignment = AttentionAlignment(model, teacher, isolated=isolated) if uses_alignment else None
     # One packing of the training data per block length the stages use, each read from its own position.
-    settings = {}  # block length -> the setting that asks for it first, for messages
-    for i, stage_plan in enumerate(stages):
-        setting = f"stages.{i}.block_size" if stage_plan.stage.block_size else "data.block_size"
-        settings.setdefault(stage_plan.block_size, setting)
     dataloaders = {
         size: DataLoader(
             training_blocks(documents, tokenizer, data_args, accelerator, size, setting),
             batch_size=training.batch_size,
         )
-        for size, setting in settings.items()
+        for size, setting in config.block_size_settings.items()
     }
     windows = evaluation_windows(eval_texts, tokenizer, data_args, training.eval_lengths)
     trainable = [param for param in model.parameters() if param.requires_grad]
