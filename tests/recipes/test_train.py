@@ -20,7 +20,7 @@ from path_hf.recipes.arguments import Stage, TrainingArguments, plan_stage_block
 from path_hf.recipes.data import pack_documents
 from path_hf.recipes.losses import AttentionAlignment
 from path_hf.recipes.models import select_trainable
-from path_hf.recipes.schedule import batches_drawn, learning_rate, plan_stages, stage_at
+from path_hf.recipes.schedule import batches_drawn, plan_stages, stage_at, stage_scheduler
 from tests.conversion.checkpoints import make_source
 from tests.recipes.recipe_runs import DATA, ROOT, parse_config, read_log, recipe_config, run_recipe
 
@@ -396,8 +396,22 @@ def test_each_stage_has_its_own_warmup_and_cosine_schedule():
     ]
     plans = plan_stages(plan_stage_blocks(stages, block_size=64), sequences_per_step=1)
     assert [(plan.first_step, plan.steps) for plan in plans] == [(0, 10), (10, 4)]
-    rates = [learning_rate(stage_at(plans, step), step) for step in range(14)]
+    # as train.py sets them: a scheduler from each stage's first step, stepped once an optimizer step
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+    rates, scheduled = [], None
+    for step in range(14):
+        current = stage_at(plans, step)
+        if current is not scheduled:
+            scheduled, scheduler = current, stage_scheduler(optimizer, current, step)
+        else:
+            scheduler.step()
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        # a run resumed at this step sets the same rate
+        resumed = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+        assert stage_scheduler(resumed, current, step).get_last_lr() == [rates[-1]]
     assert rates[0] < rates[1] < rates[2] == pytest.approx(1e-2)  # 2 warmup steps, then the peak
+    assert rates[:2] == pytest.approx([1e-2 / 3, 2e-2 / 3])  # every warmup step trains (none at 0)
     assert all(a > b for a, b in zip(rates[2:10], rates[3:10], strict=False))
     assert rates[9] > 1e-3  # decays towards 0.1 x peak
     assert rates[10] == pytest.approx(1e-4) and rates[13] < 1e-4
