@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from path_hf.recipes.arguments import Stage
+from path_hf.recipes.arguments import Stage, plan_stage_blocks
 from path_hf.recipes.schedule import plan_stages, tokens_before
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +48,7 @@ def write_log(path, plans, rates=RATES, warmups=WARMUP):
 
 
 def test_stage_timing_reads_each_stage_by_index(tmp_path):
-    plans = plan_stages(STAGES, 256, 2)
+    plans = plan_stages(plan_stage_blocks(STAGES, 256), 2)
     assert [plan.steps for plan in plans] == [4, 8, 2, 2]
     write_log(tmp_path / "log.jsonl", plans)
     timing = gpu_smollm2.stage_timing(tmp_path / "log.jsonl", 1, plans)
@@ -59,14 +59,14 @@ def test_stage_timing_reads_each_stage_by_index(tmp_path):
 
 
 def test_stage_timing_refuses_a_log_of_other_stages(tmp_path):
-    plans = plan_stages(STAGES, 256, 2)
-    write_log(tmp_path / "log.jsonl", plan_stages(STAGES[:2] + STAGES[3:] + STAGES[2:3], 256, 2))
+    plans = plan_stages(plan_stage_blocks(STAGES, 256), 2)
+    write_log(tmp_path / "log.jsonl", plan_stages(plan_stage_blocks(STAGES[:2] + STAGES[3:] + STAGES[2:3], 256), 2))
     with pytest.raises(gpu_smollm2.StepFailed, match="does not follow the planned stages"):
         gpu_smollm2.stage_timing(tmp_path / "log.jsonl", 1, plans)
 
 
 def test_size_stages_fills_the_time_in_the_configured_proportions():
-    plans = plan_stages(STAGES, 256, 2)
+    plans = plan_stages(plan_stage_blocks(STAGES, 256), 2)
     rates = [{"tokens_per_s": rate} for rate in RATES]
     train_s = 1000.0
     scale, steps = gpu_smollm2.size_stages(plans, rates, train_s)

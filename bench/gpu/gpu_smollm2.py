@@ -346,10 +346,11 @@ class SmolLM2Run:
 
     def plans(self, stage_tokens: list[int] | None = None) -> list[StagePlan]:
         """The recipe's schedule of the config's stages (with `stage_tokens`, each stage's tokens, if given)."""
-        stages = self.config.stages
+        config = self.config
         if stage_tokens is not None:
-            stages = [replace(stage, tokens=tokens) for stage, tokens in zip(stages, stage_tokens, strict=True)]
-        return plan_stages(stages, self.config.data.block_size, self.sequences_per_step)
+            stages = [replace(stage, tokens=tokens) for stage, tokens in zip(config.stages, stage_tokens, strict=True)]
+            config = replace(config, stages=stages)
+        return plan_stages(config.stage_plan, self.sequences_per_step)
 
     # -------------------------------------------------------------------------------------------------- plumbing
 

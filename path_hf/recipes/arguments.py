@@ -16,6 +16,7 @@ import argparse
 import importlib.util
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import yaml
@@ -186,12 +187,48 @@ class TrainingArguments:
     seed: int = field(default=0, metadata=_help("seed of the run (LoRA init, dropout)"))
 
 
+@dataclass(frozen=True)
+class PlannedStage:
+    """A stage with what it leaves to the run's settings resolved: `stage.tokens` training tokens in sequences of
+    `block_size` tokens, the value of the setting `block_size_setting` (`stages.N.block_size`, or `data.block_size`
+    where the stage sets none)."""
+
+    stage: Stage
+    block_size: int
+    block_size_setting: str
+
+
+def plan_stage_blocks(stages: list[Stage], block_size: int) -> list[PlannedStage]:
+    """`stages` with their block lengths resolved, `block_size` (`data.block_size`) where a stage sets none."""
+    return [
+        PlannedStage(stage, block_size, "data.block_size")
+        if stage.block_size is None
+        else PlannedStage(stage, stage.block_size, f"stages.{i}.block_size")
+        for i, stage in enumerate(stages)
+    ]
+
+
 @dataclass
 class RecipeConfig:
     model: ModelArguments
     data: DataArguments
     stages: list[Stage]
     training: TrainingArguments
+
+    @cached_property
+    def stage_plan(self) -> list[PlannedStage]:
+        """The stages with their block lengths resolved, once (`plan_stage_blocks`): what the data, the models' checks
+        and the schedule read. Not a field: the config as written is what checkpoints record and compare."""
+        return plan_stage_blocks(self.stages, self.data.block_size)
+
+    @property
+    def block_size_settings(self) -> dict[int, str]:
+        """Each block length the stages train at (one packing of the data each), with the setting that asks for it
+        first, for messages."""
+        settings = {}
+        for planned in self.stage_plan:
+            settings.setdefault(planned.block_size, planned.block_size_setting)
+        return settings
 
 
 @dataclass(kw_only=True)
@@ -410,6 +447,7 @@ def flatten(tree: dict, sep: str = ".", prefix: str = "") -> dict:
 __all__ = [
     "DataArguments",
     "ModelArguments",
+    "PlannedStage",
     "RecipeCommand",
     "RecipeConfig",
     "RecipeError",
@@ -420,5 +458,6 @@ __all__ = [
     "flatten",
     "parse_command",
     "parse_config",
+    "plan_stage_blocks",
     "read_config",
 ]

@@ -81,12 +81,11 @@ def training_blocks(
     tokenizer,
     data: DataArguments,
     accelerator: Accelerator,
-    block_size: int | None = None,
-    setting: str = "data.block_size",
+    block_size: int,
+    setting: str,
 ) -> Dataset | IterableDataset:
-    """Packed training blocks of `block_size` tokens (`data.block_size` if None; `setting` names where it was set) in a
+    """Packed training blocks of `block_size` tokens (the value of `setting`: `RecipeConfig.block_size_settings`) in a
     fixed shuffled order (what makes `resume` exact), as torch tensors."""
-    block_size = block_size or data.block_size
     if isinstance(documents, IterableDataset):
         documents = documents.shuffle(seed=data.shuffle_seed, buffer_size=data.shuffle_buffer)
     with accelerator.main_process_first():  # the main process tokenises, the others read its cache

@@ -56,9 +56,9 @@ def plan_models(config: RecipeConfig) -> ModelPlan:
         convert_from, teacher = model_args.path, model_args.teacher or source
         conversion_options(model_args, student)  # checks the option names and values now
     limit = getattr(student_config, "max_position_embeddings", None)
-    sizes = {"data.block_size": config.data.block_size}
-    sizes |= {f"stages.{i}.block_size": stage.block_size for i, stage in enumerate(config.stages) if stage.block_size}
-    for name, size in sizes.items():
+    # data.block_size first, also where every stage sets its own: the evaluation windows' unit
+    sizes = [(config.data.block_size, "data.block_size"), *config.block_size_settings.items()]
+    for size, name in sizes:
         if limit is not None and size > limit:
             raise RecipeError(f"{name} {size} is above the model's limit (max_position_embeddings={limit})")
     needs_teacher = any(stage.name in ("align", "distill") for stage in config.stages)

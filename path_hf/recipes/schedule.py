@@ -8,8 +8,10 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch.optim.lr_scheduler import LambdaLR
+from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-from .arguments import Stage
+from .arguments import PlannedStage, Stage
 
 
 @dataclass(frozen=True)
@@ -24,15 +26,14 @@ class StagePlan:
     tokens_per_step: int
 
 
-def plan_stages(stages: list[Stage], block_size: int, sequences_per_step: int) -> list[StagePlan]:
-    """The stages one after another, each with enough steps for its token budget (at least one). `block_size`: the
-    sequences' length where a stage sets none; `sequences_per_step`: batch size x accumulation x processes."""
+def plan_stages(stages: list[PlannedStage], sequences_per_step: int) -> list[StagePlan]:
+    """The stages (`RecipeConfig.stage_plan`) one after another, each with enough steps for its token budget (at least
+    one). `sequences_per_step`: batch size x accumulation x processes."""
     plans, first = [], 0
-    for stage in stages:
-        size = stage.block_size or block_size
-        tokens_per_step = size * sequences_per_step
-        steps = max(1, math.ceil(stage.tokens / tokens_per_step))
-        plans.append(StagePlan(stage, first, steps, size, tokens_per_step))
+    for planned in stages:
+        tokens_per_step = planned.block_size * sequences_per_step
+        steps = max(1, math.ceil(planned.stage.tokens / tokens_per_step))
+        plans.append(StagePlan(planned.stage, first, steps, planned.block_size, tokens_per_step))
         first += steps
     return plans
 
@@ -62,18 +63,24 @@ def stage_at(plans: list[StagePlan], step: int) -> StagePlan:
     return next(plan for plan in plans if step < plan.first_step + plan.steps)
 
 
-def learning_rate(plan: StagePlan, step: int) -> float:
-    """The stage's learning rate at global `step`: linear warmup, then cosine decay to `min_lr_ratio`."""
-    stage, progress = plan.stage, step - plan.first_step
+def stage_scheduler(optimizer: torch.optim.Optimizer, plan: StagePlan, step: int) -> LambdaLR:
+    """The learning rate of `plan`'s stage on `optimizer`, set for global `step` (the stage's first, or where a run
+    resumes) and advanced by `step()` after each optimizer step: a linear warmup over `warmup_ratio` of the stage's
+    steps to `stage.learning_rate`, then a cosine decay towards `min_lr_ratio` times it, transformers'
+    `get_cosine_with_min_lr_schedule_with_warmup`.
+
+    Its warmup starts at 0, a step that would train at learning rate 0; ours starts at 1/(warmup + 1) of the peak. The
+    stage's steps are its steps from the second on, with a warmup of one step more over one step more: the same
+    cosine, and the same warmup rates up to the order of one product (within a float64 ulp; the float32 values AdamW
+    applies are the same)."""
+    stage = plan.stage
     warmup = int(stage.warmup_ratio * plan.steps)
-    if progress < warmup:
-        return stage.learning_rate * (progress + 1) / (warmup + 1)
-    decay = (progress - warmup) / max(1, plan.steps - warmup)
-    cosine = 0.5 * (1 + math.cos(math.pi * decay))
-    return stage.learning_rate * (stage.min_lr_ratio + (1 - stage.min_lr_ratio) * cosine)
-
-
-def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Set `lr` on every parameter group of `optimizer`."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["initial_lr"] = stage.learning_rate  # the peak: the scheduler's base learning rate
+    return get_cosine_with_min_lr_schedule_with_warmup(
+        optimizer,
+        num_warmup_steps=warmup + 1,
+        num_training_steps=plan.steps + 1,
+        min_lr_rate=stage.min_lr_ratio,
+        last_epoch=step - plan.first_step,  # the scheduler steps once on creation, to the stage's step + 1
+    )

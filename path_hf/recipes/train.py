@@ -60,14 +60,7 @@ from .models import (
     stage_checkpointing,
     trainable_model,
 )
-from .schedule import (
-    batches_drawn,
-    learning_rate,
-    plan_stages,
-    planned_steps,
-    set_learning_rate,
-    stage_at,
-)
+from .schedule import batches_drawn, plan_stages, planned_steps, stage_at, stage_scheduler
 from .tracking import RUN_NAME, RecoveryTracker, TrainingLog, flat_config, trackers
 
 
@@ -93,7 +86,7 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
     delete_earlier_run(earlier_outputs, output_dir, accelerator)
     micro_batches = training.gradient_accumulation_steps
     sequences_per_step = training.batch_size * micro_batches * accelerator.num_processes
-    stages = plan_stages(config.stages, data_args.block_size, sequences_per_step)
+    stages = plan_stages(config.stage_plan, sequences_per_step)
     checkpoint = latest_checkpoint(output_dir, accelerator) if training.resume else None
     state = RunState(config=recorded_config(config))
     if checkpoint is not None:  # the checkpoint whole, its run state sound and its config this one
@@ -107,16 +100,12 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
     isolated = holds_whole_weights(accelerator)
     alignment = AttentionAlignment(model, teacher, isolated=isolated) if uses_alignment else None
     # One packing of the training data per block length the stages use, each read from its own position.
-    settings = {}  # block length -> the setting that asks for it first, for messages
-    for i, stage_plan in enumerate(stages):
-        setting = f"stages.{i}.block_size" if stage_plan.stage.block_size else "data.block_size"
-        settings.setdefault(stage_plan.block_size, setting)
     dataloaders = {
         size: DataLoader(
             training_blocks(documents, tokenizer, data_args, accelerator, size, setting),
             batch_size=training.batch_size,
         )
-        for size, setting in settings.items()
+        for size, setting in config.block_size_settings.items()
     }
     windows = evaluation_windows(eval_texts, tokenizer, data_args, training.eval_lengths)
     trainable = [param for param in model.parameters() if param.requires_grad]
@@ -140,6 +129,7 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
 
     checkpointer = Checkpointer(accelerator, state, output_dir, training.keep_checkpoints)
     batches, block_size = None, None  # the batches of the current stage's block length
+    scheduler, scheduled = None, None  # the learning rate of the current stage, from its first step run here
     trainable_set = training.trainable  # the set that trains now: a stage may narrow the run's (one process only)
     checkpointing = None  # whether the student recomputes its activations in backward now: stage by stage
     reached_target = False
@@ -159,8 +149,11 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
             if (wanted := stage_checkpointing(current.stage, training)) != checkpointing:
                 checkpointing = wanted
                 set_activation_checkpointing(student, checkpointing)
-            lr = learning_rate(current, state.step)
-            set_learning_rate(optimizer, lr)
+            if current is not scheduled:
+                scheduled, scheduler = current, stage_scheduler(optimizer, current, state.step)
+            else:
+                scheduler.step()
+            lr = scheduler.get_last_lr()[0]
             step_loss, grad_norm = 0.0, None
             for _ in range(micro_batches):
                 loss, norm = train_micro_batch(
@@ -186,7 +179,8 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
                 checkpointer.save()
             if all_processes(accelerator, stop.signal is not None):
                 path = checkpointer.ensure_saved()
-                del model, student, teacher, optimizer, alignment, prepared  # the process group outlives them: end_run
+                # the process group outlives them: end_run
+                del model, student, teacher, optimizer, scheduler, alignment, prepared
                 end_run(accelerator)
                 raise Interrupted(
                     f"stopped by a signal at step {state.step}; checkpoint {path}; resume with training.resume=true"
@@ -199,7 +193,7 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
     result = recovery.result(stopped_at_target=reached_target, replica_checksums=replica_checksums(model, accelerator))
     save_final_model(model, tokenizer, accelerator, output_dir, lora=training.trainable == "lora")
     recovery.write(result, output_dir)
-    del model, student, teacher, optimizer, alignment, prepared  # the process group outlives them: end_run
+    del model, student, teacher, optimizer, scheduler, alignment, prepared  # the process group outlives them: end_run
     end_run(accelerator)
     return result
 

@@ -16,11 +16,11 @@ import path_hf  # noqa: F401  (registers path_llama)
 from path_hf.errors import RecipeError
 from path_hf.evaluation import load_texts
 from path_hf.recipes import train
-from path_hf.recipes.arguments import Stage, TrainingArguments
+from path_hf.recipes.arguments import Stage, TrainingArguments, plan_stage_blocks
 from path_hf.recipes.data import pack_documents
 from path_hf.recipes.losses import AttentionAlignment
 from path_hf.recipes.models import select_trainable
-from path_hf.recipes.schedule import batches_drawn, learning_rate, plan_stages, stage_at
+from path_hf.recipes.schedule import batches_drawn, plan_stages, stage_at, stage_scheduler
 from tests.conversion.checkpoints import make_source
 from tests.recipes.recipe_runs import DATA, ROOT, parse_config, read_log, recipe_config, run_recipe
 
@@ -394,10 +394,24 @@ def test_each_stage_has_its_own_warmup_and_cosine_schedule():
         Stage("align", tokens=10 * 64, learning_rate=1e-2, warmup_ratio=0.2, min_lr_ratio=0.1),
         Stage("lm", tokens=3 * 64 + 1, learning_rate=1e-4, warmup_ratio=0.0, min_lr_ratio=0.0),
     ]
-    plans = plan_stages(stages, block_size=64, sequences_per_step=1)
+    plans = plan_stages(plan_stage_blocks(stages, block_size=64), sequences_per_step=1)
     assert [(plan.first_step, plan.steps) for plan in plans] == [(0, 10), (10, 4)]
-    rates = [learning_rate(stage_at(plans, step), step) for step in range(14)]
+    # as train.py sets them: a scheduler from each stage's first step, stepped once an optimizer step
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+    rates, scheduled = [], None
+    for step in range(14):
+        current = stage_at(plans, step)
+        if current is not scheduled:
+            scheduled, scheduler = current, stage_scheduler(optimizer, current, step)
+        else:
+            scheduler.step()
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        # a run resumed at this step sets the same rate
+        resumed = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+        assert stage_scheduler(resumed, current, step).get_last_lr() == [rates[-1]]
     assert rates[0] < rates[1] < rates[2] == pytest.approx(1e-2)  # 2 warmup steps, then the peak
+    assert rates[:2] == pytest.approx([1e-2 / 3, 2e-2 / 3])  # every warmup step trains (none at 0)
     assert all(a > b for a, b in zip(rates[2:10], rates[3:10], strict=False))
     assert rates[9] > 1e-3  # decays towards 0.1 x peak
     assert rates[10] == pytest.approx(1e-4) and rates[13] < 1e-4
@@ -409,7 +423,9 @@ def test_stages_with_their_own_block_length_are_planned_and_resume_their_data():
         Stage("distill", tokens=256, learning_rate=1e-3, block_size=32),
         Stage("lm", tokens=64, learning_rate=1e-3),
     ]
-    plans = plan_stages(stages, block_size=16, sequences_per_step=4)
+    planned = plan_stage_blocks(stages, block_size=16)
+    assert [p.block_size_setting for p in planned] == ["data.block_size", "stages.1.block_size", "data.block_size"]
+    plans = plan_stages(planned, sequences_per_step=4)
     assert [(p.first_step, p.steps, p.block_size, p.tokens_per_step) for p in plans] == [
         (0, 2, 16, 64),
         (2, 2, 32, 128),
