@@ -9,14 +9,10 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
-    LlamaConfig,
     LlamaForCausalLM,
-    MistralConfig,
     MistralForCausalLM,
     PreTrainedTokenizerFast,
-    Qwen2Config,
     Qwen2ForCausalLM,
-    Qwen3Config,
     Qwen3ForCausalLM,
 )
 
@@ -25,21 +21,15 @@ from path_hf.cli import build_parser, main
 from path_hf.commands.convert import Conversion, convert
 from path_hf.conversion.options import ConvertOptions
 from path_hf.conversion.verify import TEXT_FILE
+from tests.tiny import WIDE, tiny_config, tiny_fields
 
-TINY = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-)
+TINY = tiny_fields(**WIDE, vocab_size=256, num_hidden_layers=3, max_position_embeddings=256)
+# kind (a key of `tests.tiny.CONFIG_CLASSES`) -> its model class
 SOURCES = {
-    "llama": (LlamaConfig, LlamaForCausalLM),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
-    "mistral": (MistralConfig, MistralForCausalLM),
+    "llama": LlamaForCausalLM,
+    "qwen2": Qwen2ForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
+    "mistral": MistralForCausalLM,
 }
 CHAT_TEMPLATE = "{% for message in messages %}<s>{{ message['content'] }}</s>{% endfor %}"
 
@@ -68,9 +58,9 @@ def make_source(
 ) -> Path:
     """Save a randomly initialised tiny `kind` model to `directory` (sharded if `max_shard_size`, as `.bin` files
     if `pytorch_bin`) and return `directory`."""
-    config_class, model_class = SOURCES[kind]
+    model_class = SOURCES[kind]
     torch.manual_seed(seed)
-    model = model_class(config_class(**{**TINY, **config_fields}))
+    model = model_class(tiny_config(kind, **{**TINY, **config_fields}))
     if pytorch_bin:
         # transformers 5 writes safetensors only: two .bin shards and their index, as older versions wrote them.
         directory.mkdir(parents=True)

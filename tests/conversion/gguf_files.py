@@ -9,26 +9,16 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
-from transformers import (
-    AutoTokenizer,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedModel,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-)
+from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedModel, Qwen2ForCausalLM, Qwen3ForCausalLM
+
+from tests.tiny import WIDE, tiny_config, tiny_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "examples" / "default_model" / "checkpoint"
 CHAT_TEMPLATE = "{% for message in messages %}<s>{{ message['content'] }}</s>{% endfor %}"
-# GGUF architecture -> the transformers classes of a model that llama.cpp writes under it.
-MODELS = {
-    "llama": (LlamaConfig, LlamaForCausalLM),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
-}
+# GGUF architecture (and its kind in `tests.tiny.CONFIG_CLASSES`) -> the transformers class of a model that llama.cpp
+# writes under it.
+MODELS = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM}
 
 
 @cache
@@ -39,28 +29,19 @@ def default_tokenizer():
 def tiny_model(arch: str = "llama", seed: int = 0, **fields) -> PreTrainedModel:
     """A random tiny model of `arch`, with the default model's vocabulary; rows are multiples of 32 (the block of
     the quantised types). Qwen3 keeps transformers' default head dim, 128: a GGUF of Qwen3 does not state it."""
-    tokenizer = default_tokenizer()
-    shapes = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+    shapes = tiny_fields(
+        default_tokenizer(),
+        **WIDE,
         max_position_embeddings=128,
         rope_theta=10000.0,
         rms_norm_eps=1e-5,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=True,
         initializer_range=0.1,
     )
     if arch == "qwen3":
         shapes.update(head_dim=128)
-    config_class, model_class = MODELS[arch]
     torch.manual_seed(seed)
-    return model_class(config_class(**{**shapes, **fields})).eval()
+    return MODELS[arch](tiny_config(arch, **{**shapes, **fields})).eval()
 
 
 def _llama_permute(weights: np.ndarray, heads: int) -> np.ndarray:

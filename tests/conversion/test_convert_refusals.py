@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file, save_file
-from transformers import GPT2Config, MistralConfig, MixtralConfig, Qwen2Config
+from transformers import GPT2Config, MixtralConfig
 
 import path_hf.commands.convert
 import path_hf.conversion.gguf
@@ -16,6 +16,7 @@ from path_hf.conversion.staging import check_destination
 from path_hf.errors import ConversionError
 from tests.conversion.checkpoints import TINY, make_source, run_cli
 from tests.conversion.gguf_files import tiny_model, write_gguf
+from tests.tiny import tiny_config
 
 
 def save_config(directory, config) -> None:
@@ -40,11 +41,11 @@ UNSUPPORTED = {
     "gpt2": (GPT2Config(n_layer=2, architectures=["GPT2LMHeadModel"]), "learned absolute position embeddings"),
     "moe": (MixtralConfig(num_hidden_layers=2, architectures=["MixtralForCausalLM"]), "mixture-of-experts"),
     "mistral-sliding-window": (
-        MistralConfig(**TINY, sliding_window=32, architectures=["MistralForCausalLM"]),
+        tiny_config("mistral", **TINY, sliding_window=32, architectures=["MistralForCausalLM"]),
         "sliding-window attention (sliding_window=32)",
     ),
     "qwen2-sliding-window": (
-        Qwen2Config(**TINY, use_sliding_window=True, max_window_layers=1, architectures=["Qwen2ForCausalLM"]),
+        tiny_config("qwen2", **TINY, use_sliding_window=True, max_window_layers=1, architectures=["Qwen2ForCausalLM"]),
         "sliding-window attention",
     ),
 }

@@ -8,13 +8,14 @@ import json
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+from transformers import LlamaForCausalLM, StaticCache
 
-from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
+from path_hf import PaTHLlamaForCausalLM
 from path_hf.evaluation import attention_mass, decode_attention_rows, read_texts, rope_scaling, tokenize_stream
 from path_hf.modeling_path_llama import PaTHLlamaAttention
 from tests.evaluation.eval_models import EVAL_DATA, ROOT
 from tests.ops.path_reference import path_scores_reference
+from tests.tiny import tiny_config
 
 _spec = importlib.util.spec_from_file_location(
     "smollm2_attention_mass", ROOT / "examples" / "smollm2" / "attention_mass.py"
@@ -23,13 +24,9 @@ script = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(script)
 
 VOCAB, LENGTH, QUERIES, FAR = 101, 24, 4, 5
-SHAPES = dict(
+# The tiny models' fields beyond `tests.tiny.SHAPES` (GQA: two query heads read each key head).
+FIELDS = dict(
     vocab_size=VOCAB,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,  # GQA: two query heads read each key head
     max_position_embeddings=16,
     initializer_range=0.2,  # peaked attention, so that a wrong row shows
 )
@@ -45,8 +42,9 @@ PATH_MODELS = [
 
 def path_model(rope_mode: str, forget_gate: bool, path_layers: list[int] | None, seed: int = 0) -> PaTHLlamaForCausalLM:
     torch.manual_seed(seed)
-    config = PaTHLlamaConfig(
-        **SHAPES,
+    config = tiny_config(
+        "path",
+        **FIELDS,
         rope_mode=rope_mode,
         path_forget_gate=forget_gate,
         path_forget_gate_bias=2.0,  # forgets slowly: far keys keep some mass
@@ -58,7 +56,7 @@ def path_model(rope_mode: str, forget_gate: bool, path_layers: list[int] | None,
 
 def llama_model(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(**SHAPES)).eval()
+    return LlamaForCausalLM(tiny_config("llama", **FIELDS)).eval()
 
 
 def tokens(batch: int = 1, seed: int = 0) -> torch.Tensor:

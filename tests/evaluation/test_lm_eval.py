@@ -16,10 +16,11 @@ import torch
 import torch.nn.functional as F
 from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from path_hf.cli import main as path_hf_cli
 from tests.evaluation.eval_models import ROOT
+from tests.tiny import WIDE, tiny_config
 
 TASKS_DIR = ROOT / "examples" / "lm_eval"
 # By path, not through sys.path: the folder also holds a `utils.py` (lm-eval's name for task helpers).
@@ -37,19 +38,7 @@ def models(tmp_path_factory, tokenizer) -> dict:
     forget gate, random PaTH parameters), both with the default model's tokenizer."""
     root = tmp_path_factory.mktemp("lm-eval")
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=MAX_LENGTH,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        initializer_range=0.1,
-    )
+    config = tiny_config("llama", tokenizer, **WIDE, max_position_embeddings=MAX_LENGTH, initializer_range=0.1)
     LlamaForCausalLM(config).save_pretrained(root / "llama")
     tokenizer.save_pretrained(root / "llama")
     assert path_hf_cli(["convert", "--from", str(root / "llama"), "--to", str(root / "path"), "--forget-gate"]) == 0

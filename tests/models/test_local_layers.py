@@ -16,7 +16,7 @@ from transformers import (
 
 import path_hf.local_attention as local_attention
 from path_hf import LocalCacheLayer, PaTHLlamaConfig, PaTHLlamaForCausalLM
-from tests.models.tiny_models import TINY, random_tokens, tiny_config
+from tests.models.tiny_models import TINY, random_tokens, tiny_model_config
 
 LENGTH, WINDOW = 40, 8
 
@@ -33,7 +33,7 @@ def products(request, monkeypatch) -> str:
 
 def local_model(seed: int = 0, **overrides) -> PaTHLlamaForCausalLM:
     torch.manual_seed(seed)
-    return PaTHLlamaForCausalLM(tiny_config(**{"local_window": WINDOW, **overrides})).eval()
+    return PaTHLlamaForCausalLM(tiny_model_config(**{"local_window": WINDOW, **overrides})).eval()
 
 
 def twin(model: PaTHLlamaForCausalLM, cls, config_cls, attention: str = "eager", **fields):
@@ -98,7 +98,7 @@ def test_sinks_and_path_layers_mix():
     and is the same before it."""
     hybrid = local_model(path_layers=[1], local_sinks=2)
     torch.manual_seed(0)
-    full = PaTHLlamaForCausalLM(tiny_config(path_layers=[1])).eval()
+    full = PaTHLlamaForCausalLM(tiny_model_config(path_layers=[1])).eval()
     full.load_state_dict(hybrid.state_dict())
     input_ids = random_tokens(1, LENGTH, seed=3)
     with torch.no_grad():
@@ -177,9 +177,9 @@ def test_generate_round_trip_and_remote_code(tmp_path):
 
 
 def test_layer_types_follow_the_window():
-    config = tiny_config(num_hidden_layers=3, path_layers=[1], local_window=16)
+    config = tiny_model_config(num_hidden_layers=3, path_layers=[1], local_window=16)
     assert config.layer_types == ["local_attention", "path_attention", "local_attention"]
-    assert tiny_config(num_hidden_layers=3, path_layers=[1]).layer_types[0] == "full_attention"
+    assert tiny_model_config(num_hidden_layers=3, path_layers=[1]).layer_types[0] == "full_attention"
 
 
 @pytest.mark.parametrize(

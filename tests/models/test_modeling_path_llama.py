@@ -20,7 +20,7 @@ from path_hf import (
 )
 from path_hf.modeling_path_llama import PATH_MODULES, PaTHGain
 from path_hf.ops import naive_path_attention
-from tests.models.tiny_models import SOURCES, path_config_from, random_tokens, tiny_config, tiny_model
+from tests.models.tiny_models import SOURCES, path_config_from, random_tokens, tiny_model, tiny_model_config
 
 
 def max_rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -73,7 +73,7 @@ def test_from_pretrained_initialises_the_new_parameters(tmp_path):
 @pytest.mark.parametrize("path_init", ["default", "identity"])
 def test_init_path_parameters_on_a_fresh_layer(path_init):
     """What the checkpoint converter does: build one attention layer and initialise its PaTH parameters."""
-    config = tiny_config(path_init=path_init, path_w_rank=4, initializer_range=0.02)
+    config = tiny_model_config(path_init=path_init, path_w_rank=4, initializer_range=0.02)
     attn = PaTHLlamaAttention(config, layer_idx=0)
     path_params = {n: p for n, p in attn.named_parameters() if n.startswith(("w_", "bt_", "g_"))}
     source_params = {n: p.clone() for n, p in attn.named_parameters() if n not in path_params}
@@ -94,7 +94,7 @@ def test_init_path_parameters_on_a_fresh_layer(path_init):
 
 def test_identity_init_learns_from_the_first_step():
     torch.manual_seed(0)
-    config = tiny_config(rope_mode="keep", path_init="identity", initializer_range=0.02)
+    config = tiny_model_config(rope_mode="keep", path_init="identity", initializer_range=0.02)
     model = PaTHLlamaForCausalLM(config)
     ids = random_tokens(2, 16)
     before = model(ids).logits.detach()
@@ -123,7 +123,7 @@ def test_training_from_the_identity_keeps_every_gain_acting():
     """Trained from the identity, beta moves off 0 in every head, and every gain still acts on the output: moving
     its weight either way changes the logits (a gain clamped to [0, 1] would sit dead outside it)."""
     torch.manual_seed(0)
-    model = PaTHLlamaForCausalLM(tiny_config(rope_mode="keep", path_init="identity", initializer_range=0.02))
+    model = PaTHLlamaForCausalLM(tiny_model_config(rope_mode="keep", path_init="identity", initializer_range=0.02))
     ids = random_tokens(2, 16)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
     for _ in range(6):
@@ -510,7 +510,7 @@ def test_bf16_forward_and_generate():
 
 
 def test_auto_classes():
-    config = tiny_config()
+    config = tiny_model_config()
     assert type(AutoModel.from_config(config)) is PaTHLlamaModel
     assert type(AutoModelForCausalLM.from_config(config)) is PaTHLlamaForCausalLM
 

@@ -1,35 +1,26 @@
 """Tiny PaTHLlama models and their source models (Llama, Qwen2, Qwen3), built from configs."""
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 
 from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
+from tests.tiny import tiny_config, tiny_fields
 
 VOCAB = 101
-TINY = dict(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    pad_token_id=0,
-    bos_token_id=None,
-    eos_token_id=None,
-)
+TINY = tiny_fields(vocab_size=VOCAB, max_position_embeddings=64, pad_token_id=0, bos_token_id=None, eos_token_id=None)
 
 # Source models a PaTHLlama must hold: (model class, config, PaTHLlama fields describing it).
 SOURCES = {
     "llama-gqa-bias-headdim": (
         LlamaForCausalLM,
-        LlamaConfig(**TINY, attention_bias=True, mlp_bias=True, head_dim=16),
+        tiny_config("llama", **TINY, attention_bias=True, mlp_bias=True, head_dim=16),
         {},
     ),
-    "llama-tied": (LlamaForCausalLM, LlamaConfig(**TINY, tie_word_embeddings=True), {}),
+    "llama-tied": (LlamaForCausalLM, tiny_config("llama", **TINY, tie_word_embeddings=True), {}),
     "llama-llama3-rope": (
         LlamaForCausalLM,
-        LlamaConfig(
+        tiny_config(
+            "llama",
             **TINY,
             rope_parameters={
                 "rope_type": "llama3",
@@ -44,7 +35,8 @@ SOURCES = {
     ),
     "llama-yarn-rope": (
         LlamaForCausalLM,
-        LlamaConfig(
+        tiny_config(
+            "llama",
             **TINY,
             rope_parameters={
                 "rope_type": "yarn",
@@ -55,10 +47,10 @@ SOURCES = {
         ),
         {},
     ),
-    "qwen2": (Qwen2ForCausalLM, Qwen2Config(**TINY), {"attention_bias": True, "attention_o_bias": False}),
+    "qwen2": (Qwen2ForCausalLM, tiny_config("qwen2", **TINY), {"attention_bias": True, "attention_o_bias": False}),
     "qwen3": (
         Qwen3ForCausalLM,
-        Qwen3Config(**{**TINY, "num_attention_heads": 3, "num_key_value_heads": 1}, head_dim=16),
+        tiny_config("qwen3", **{**TINY, "num_attention_heads": 3, "num_key_value_heads": 1}, head_dim=16),
         {"qk_norm": True},
     ),
 }
@@ -71,15 +63,16 @@ def path_config_from(source_config, **path_fields) -> PaTHLlamaConfig:
     return PaTHLlamaConfig(**{**shared, **path_fields})
 
 
-def tiny_config(**overrides) -> PaTHLlamaConfig:
-    """A 2-layer GQA PaTHLlama with every PaTH feature on, and an init that gives peaked, decisive logits."""
+def tiny_model_config(**overrides) -> PaTHLlamaConfig:
+    """`tiny_model`'s config: a 2-layer GQA PaTHLlama with every PaTH feature on, and an init that gives peaked,
+    decisive logits."""
     fields = dict(TINY, path_forget_gate=True, path_conv_size=3, initializer_range=0.2, path_backend="torch")
-    return PaTHLlamaConfig(**{**fields, **overrides})
+    return tiny_config("path", **{**fields, **overrides})
 
 
 def tiny_model(seed: int = 0, **overrides) -> PaTHLlamaForCausalLM:
     torch.manual_seed(seed)
-    model = PaTHLlamaForCausalLM(tiny_config(**overrides)).eval()
+    model = PaTHLlamaForCausalLM(tiny_model_config(**overrides)).eval()
     for module in model.modules():  # a forget gate that keeps most of the context, so attention spans matter
         if hasattr(module, "g_proj") and module.g_proj is not None:
             torch.nn.init.uniform_(module.g_proj.bias, 1.0, 3.0)

@@ -5,21 +5,22 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
-from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
+from path_hf import PaTHLlamaForCausalLM
 from path_hf.evaluation import IGNORE_INDEX, make_windows, perplexity
+from tests.tiny import tiny_config
 
 VOCAB = 61
-SHAPES = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+FIELDS = dict(vocab_size=VOCAB, num_key_value_heads=4, initializer_range=0.2)  # over `tests.tiny.SHAPES`: no GQA
 
 
 @pytest.fixture(scope="module", params=["llama", "path"])
 def model(request):
     torch.manual_seed(0)
     if request.param == "llama":
-        return LlamaForCausalLM(LlamaConfig(**SHAPES, initializer_range=0.2)).eval()
-    return PaTHLlamaForCausalLM(PaTHLlamaConfig(**SHAPES, initializer_range=0.2, path_backend="torch")).eval()
+        return LlamaForCausalLM(tiny_config("llama", **FIELDS)).eval()
+    return PaTHLlamaForCausalLM(tiny_config("path", **FIELDS, path_backend="torch")).eval()
 
 
 def tokens(n: int, seed: int = 0) -> torch.Tensor:
