@@ -627,7 +627,7 @@ def test_post_init_draws_each_path_parameter_once(monkeypatch):
         return normal_(tensor, *args, **kwargs)
 
     monkeypatch.setattr(initialization, "normal_", counting_normal_)
-    config = tiny_config(path_forget_gate=True, path_forget_gate_bias=4.0, path_w_rank=4)
+    config = tiny_model_config(path_forget_gate=True, path_forget_gate_bias=4.0, path_w_rank=4)
     model = PaTHLlamaForCausalLM(config)
     for layer in model.model.layers:
         attention = layer.self_attn
