@@ -50,6 +50,19 @@ PATH_LAYER_TYPE = "path_attention"
 LOCAL_LAYER_TYPE = "local_attention"
 
 
+def field_help(name: str) -> str:
+    """The documentation of the `PaTHLlamaConfig` field `name` (its entry in the class docstring's Args), on one line:
+    the one explanation of a PaTH option, which the converter's flags show too."""
+    lines = PaTHLlamaConfig.__doc__.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"        {name} ("))
+    entry = []
+    for line in lines[start + 1 :]:
+        if not line.startswith(" " * 12):
+            break
+        entry.append(line.strip())
+    return " ".join(entry)
+
+
 def _config_name(field: str, value: Any = _UNSET) -> str:
     """How the config's checks name a field (`rope_max_wavelength`) or a setting of it (`rope_mode='drop'`)."""
     return field if value is _UNSET else f"{field}={value!r}"
@@ -285,4 +298,4 @@ class PaTHLlamaConfig(LlamaConfig):
         `"local_attention"`, types transformers does not list: nothing to check."""
 
 
-__all__ = ["PaTHLlamaConfig", "RopeMode", "check_path_fields"]
+__all__ = ["PaTHLlamaConfig", "RopeMode", "check_path_fields", "field_help"]

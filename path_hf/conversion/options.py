@@ -11,7 +11,7 @@ from transformers.utils.hub import convert_file_size_to_int
 
 from .. import PaTHLlamaConfig
 from ..arguments import DTYPES, check_choices, flag
-from ..configuration_path_llama import PATH_INITS, ROPE_MODES, check_path_fields
+from ..configuration_path_llama import PATH_INITS, ROPE_MODES, check_path_fields, field_help
 from ..errors import ConversionError
 from ..evaluation.retrieval_heads import RETRIEVAL_DEPTHS, RETRIEVAL_TRIALS
 
@@ -92,16 +92,26 @@ def format_size(nbytes: int) -> str:
     raise AssertionError  # unreachable
 
 
-def config_option(config_field: str, *, metadata: dict) -> Any:
+def config_option(config_field: str, *, notation: str = "", metadata: dict | None = None) -> Any:
     """A `ConvertOptions` field that sets the converted model's `PaTHLlamaConfig.<config_field>`: its default is the
-    config's, and `ConvertOptions.config_fields` hands its value to the config under the config's name."""
-    return field(default=getattr(PaTHLlamaConfig, config_field), metadata={"config": config_field, **metadata})
+    config's, its help the config's documentation of the field (`field_help`, after the flag's own `notation` where
+    it has one), and `ConvertOptions.config_fields` hands its value to the config under the config's name."""
+    default = getattr(PaTHLlamaConfig, config_field)
+    help_text = f"sets {config_field}: " + field_help(config_field).replace("%", "%%")
+    if notation:
+        help_text += f" On the command line: {notation}"
+    if default is not None and not isinstance(default, bool):
+        help_text += " (default: %(default)s)"
+    metadata = {"config": config_field, "help": help_text, **(metadata or {})}
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(kw_only=True)
 class ConvertOptions:
     """Options of `path-hf convert`. Each field is one command-line flag (`--field-name` unless `flag` says
-    otherwise; `path_hf.arguments`); its `help` is the flag's documentation."""
+    otherwise; `path_hf.arguments`) and one key of a recipe's `model.convert`; its `help` is the flag's
+    documentation. A field that sets a `PaTHLlamaConfig` field is a `config_option`: default, help and checks are the
+    config's."""
 
     source: str = field(
         metadata={"flag": "--from", "metavar": "SRC", "help": "local directory, hub id, or llama.cpp .gguf file"}
@@ -116,65 +126,21 @@ class ConvertOptions:
             "--dtype, float32 by default)",
         },
     )
-    rope: str = config_option(
-        "rope_mode",
-        metadata={
-            "choices": ROPE_MODES,
-            "help": "drop: PaTH replaces RoPE (the paper; recover by distillation or training). keep: RoPE stays "
-            "on q and k and PaTH acts on top. interleave: RoPE turns q, k and PaTH's directions w, so its rotation "
-            "by one position sits between consecutive transforms and the logits do not depend on where the tokens "
-            "stand. With keep or interleave and --init identity the model computes what the source did "
-            "(default: %(default)s)",
-        },
-    )
+    rope: str = config_option("rope_mode", metadata={"choices": ROPE_MODES})
     rope_max_wavelength: float | str | None = config_option(
         "rope_max_wavelength",
-        metadata={
-            "parse": str,  # a number or the word `context`, checked by `check_wavelength`
-            "metavar": "TOKENS",
-            "help": "critical-band partial RoPE, with --rope keep or interleave: PaTH layers rotate only the RoPE "
-            "pairs whose wavelength 2 pi / inv_freq (the source's own RoPE) is at most TOKENS, and leave the slower "
-            f"ones unrotated; layers outside --layers keep every pair. {CONTEXT!r}: the source's training context "
-            "(original_max_position_embeddings of its RoPE parameters, else max_position_embeddings) "
-            "(default: every pair rotates)",
-        },
+        notation=f"a number of tokens, or {CONTEXT!r}: the source's training context (original_max_position_embeddings "
+        "of its RoPE parameters, else max_position_embeddings).",
+        metadata={"parse": str, "metavar": "TOKENS"},  # a number or the word `context`: `check_wavelength`
     )
-    attn_temperature_scale: float = config_option(
-        "path_attn_temperature_scale",
-        metadata={
-            "metavar": "S",
-            "help": "Llama 4's log-length attention temperature on the PaTH layers: the query at position p is "
-            "multiplied by 1 + S log(floor((p + 1) / L) + 1), exactly 1 on the first L - 1 tokens; 0 turns it off "
-            "(default: %(default)s)",
-        },
-    )
-    attn_temperature_length: int | None = config_option(
-        "path_attn_temperature_length",
-        metadata={
-            "metavar": "L",
-            "help": "the L of --attn-temperature-scale, in tokens (default: the source's training context, as for "
-            f"--rope-max-wavelength {CONTEXT})",
-        },
-    )
-    forget_gate: bool = config_option(
-        "path_forget_gate",
-        metadata={"help": "add PaTH-FoX's forget gate (g_proj) to every PaTH layer"},
-    )
-    forget_gate_bias: float = config_option(
-        "path_forget_gate_bias",
-        metadata={
-            "metavar": "B",
-            "help": "initial bias of the forget gate's g_proj: it starts at log sigmoid(B) a token; 0 is FLA's init "
-            "(about -0.69: forgets within a few tokens), 6 forgets little (about -0.0025) (default: %(default)s)",
-        },
-    )
+    attn_temperature_scale: float = config_option("path_attn_temperature_scale", metadata={"metavar": "S"})
+    attn_temperature_length: int | None = config_option("path_attn_temperature_length", metadata={"metavar": "L"})
+    forget_gate: bool = config_option("path_forget_gate")
+    forget_gate_bias: float = config_option("path_forget_gate_bias", metadata={"metavar": "B"})
     layers: tuple[int, ...] | None = config_option(
         "path_layers",
-        metadata={
-            "parse": parse_layers,
-            "metavar": "LIST",
-            "help": "layers that become PaTH layers, e.g. 0-11,20; the others keep RoPE attention (default: all)",
-        },
+        notation="indices and inclusive ranges, e.g. 0-11,20.",
+        metadata={"parse": parse_layers, "metavar": "LIST"},
     )
     retrieval_layers: int | None = field(
         default=None,
@@ -197,44 +163,11 @@ class ConvertOptions:
             + f" of it back (default: the source's training context, at most {RETRIEVAL_LENGTH})",
         },
     )
-    local_window: int | None = config_option(
-        "local_window",
-        metadata={
-            "metavar": "W",
-            "help": "make the layers outside --layers local, the hybrid of long-context models: each query sees the "
-            "last W keys (itself included) and the --local-sinks first ones; set to at most the source's training "
-            "context, no RoPE distance in them is ever out of distribution (default: they see every key)",
-        },
-    )
-    local_sinks: int = config_option(
-        "local_sinks",
-        metadata={
-            "metavar": "N",
-            "help": "attention sinks of the local layers: the first N tokens stay visible, renumbered into the window "
-            "as in StreamingLLM's cache (a query i sees sink s at distance min(i, W - 1 + N) - s) "
-            "(default: %(default)s)",
-        },
-    )
-    w_rank: int | None = config_option(
-        "path_w_rank",
-        metadata={"metavar": "R", "help": "rank of w_proj: a Linear(hidden, R) then a Linear(R, ...) (default: full)"},
-    )
-    conv_size: int = config_option(
-        "path_conv_size",
-        metadata={
-            "metavar": "K",
-            "help": "kernel size of the short convolution on w; 0 turns it off (default: %(default)s)",
-        },
-    )
-    init: str = config_option(
-        "path_init",
-        metadata={
-            "choices": PATH_INITS,
-            "help": "how the new parameters start. default: FLA's random init. identity: the gains bt_gain (and "
-            "g_gain) start at 0, so every Householder transform is the identity (and the forget gate 1) until "
-            "training moves them (default: %(default)s)",
-        },
-    )
+    local_window: int | None = config_option("local_window", metadata={"metavar": "W"})
+    local_sinks: int = config_option("local_sinks", metadata={"metavar": "N"})
+    w_rank: int | None = config_option("path_w_rank", metadata={"metavar": "R"})
+    conv_size: int = config_option("path_conv_size", metadata={"metavar": "K"})
+    init: str = config_option("path_init", metadata={"choices": PATH_INITS})
     seed: int = field(default=0, metadata={"help": "seed of the new parameters' init (default: %(default)s)"})
     dtype: str | None = field(
         default=None,

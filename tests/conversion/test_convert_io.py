@@ -97,6 +97,21 @@ def test_every_option_is_a_documented_flag():
     assert (args.source, args.output, args.layers, args.max_shard_size) == ("a", "b", (0, 1, 2), 10**9)
 
 
+def test_config_options_are_documented_by_the_config():
+    """A flag that sets a config field shows the config's own documentation of it (the docstring's Args entry), so
+    each PaTH option is explained once."""
+    convert_parser = build_parser()._subparsers._group_actions[0].choices["convert"]
+    actions = {action.dest: action for action in convert_parser._actions}
+    documented = 0
+    for option in fields(ConvertOptions):
+        if "config" in option.metadata:
+            doc = " ".join(PaTHLlamaConfig.__doc__.split(f"        {option.metadata['config']} (", 1)[1].split())
+            first_sentence = doc.split("):", 1)[1].strip().split(". ")[0]
+            assert first_sentence in " ".join(actions[option.name].help.split()), option.name
+            documented += 1
+    assert documented == 12
+
+
 def test_options_are_checked_in_python_too():
     with pytest.raises(ConversionError, match="--dtype must be one of float32, bfloat16, float16; got 'float64'"):
         ConvertOptions(source="a", output="b", dtype="float64")
