@@ -31,7 +31,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretra
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 from transformers.utils import CONFIG_NAME
 
-from .errors import SourceError
+from .errors import SourceError, first_line
 
 GGUF_SUFFIX = ".gguf"
 DEFAULT_GGUF_DTYPE = torch.float32
@@ -203,8 +203,7 @@ def _field(reader: gguf.GGUFReader, key: str):
 
 
 def _transformers_error(path: Path, error: Exception) -> SourceError:
-    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return SourceError(f"transformers cannot read {path.name}: {first_line}")
+    return SourceError(f"transformers cannot read {path.name}: {first_line(error)}")
 
 
 def gguf_config(file: GGUFFile) -> PretrainedConfig:

@@ -44,7 +44,7 @@ from typing import Any
 from ..arguments import DTYPES
 from ..arguments import flag as option_flag
 from ..atomic import atomic_file
-from ..errors import EvaluationError, SourceError
+from ..errors import EvaluationError, SourceError, first_line
 from ..evaluation import COPY_SPAN, ROPE_SCALING_TYPES
 
 
@@ -368,8 +368,7 @@ def _loading(flag: str, source: str):
     try:
         yield
     except (OSError, ValueError) as error:
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise EvaluationError(f"{flag} {source}: cannot load it ({first_line})") from error
+        raise EvaluationError(f"{flag} {source}: cannot load it ({first_line(error)})") from error
     except SourceError as error:  # a GGUF that cannot be read, a path that does not exist
         raise EvaluationError(f"{flag} {source}: {error}") from error
 

@@ -13,6 +13,8 @@ import lzma
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+from ..errors import first_line
+
 COMPRESSED_SUFFIXES = (".gz", ".xz", ".bz2", ".zst")
 _BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 _KINDS = {"text": "text", "json": "JSON", "parquet": "parquet"}
@@ -138,7 +140,7 @@ def _first_cause(error: BaseException) -> str:
 
     while isinstance(error, DatasetGenerationError) and (error.__cause__ or error.__context__) is not None:
         error = error.__cause__ or error.__context__
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return first_line(error)
 
 
 _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number"}
