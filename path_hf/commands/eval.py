@@ -46,6 +46,7 @@ from ..arguments import flag as option_flag
 from ..atomic import atomic_file
 from ..errors import EvaluationError, SourceError, first_line
 from ..evaluation import COPY_SPAN, ROPE_SCALING_TYPES
+from ..evaluation.needles import DEPTHS, HAYSTACKS, MULTIKEY_KEYS, MULTIKEY_QUESTIONS
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def _check_depths(depths) -> None:
     for depth in depths:
         if not 0.0 <= depth <= 1.0:  # nan too
             raise ValueError(
-                f"--passkey-depths: each depth must be between 0 (right after the intro) and 1 (right before the "
+                f"--passkey-depths: each depth must be between 0 (the key first) and 1 (right before the "
                 f"question), got {depth:g}"
             )
 
@@ -174,18 +175,85 @@ class EvalOptions:
         },
     )
     batch_size: int = field(default=8, metadata={"help": "windows per forward pass (default: %(default)s)"})
+    perplexity: bool = field(
+        default=True,
+        metadata={"negate": "--no-perplexity", "help": "skip the perplexity windows (retrieval only)"},
+    )
     passkey_trials: int = field(
         default=20,
-        metadata={"metavar": "N", "help": "passkey prompts per length; 0 skips the test (default: %(default)s)"},
+        metadata={
+            "metavar": "N",
+            "help": "passkey prompts per length, a key hidden in the haystack text (--needle-data) and asked for at "
+            "the end, spread over --passkey-depths; 0 skips the test (default: %(default)s)",
+        },
     )
-    passkey_depths: tuple[float, ...] | None = field(
-        default=None,
+    passkey_depths: tuple[float, ...] = field(
+        default=DEPTHS,
         metadata={
             "parse": parse_depths,
             "metavar": "D,D,...",
-            "help": "put each passkey trial's key at each of these relative depths in [0, 1] (0: right after the "
-            "intro, 1: right before the question) and report the accuracy per depth too (default: one random depth "
-            "per trial)",
+            "help": "the share of the haystack before the passkey, one depth a trial in turn (default: "
+            + ",".join(f"{depth:g}" for depth in DEPTHS)
+            + ")",
+        },
+    )
+    haystacks: int = field(
+        default=HAYSTACKS,
+        metadata={
+            "metavar": "H",
+            "help": "stretches of text a length's passkey trials are hidden in; the trials of one haystack and depth "
+            "share the forward pass over the text before their key (default: %(default)s)",
+        },
+    )
+    multikey_trials: int = field(
+        default=0,
+        metadata={
+            "metavar": "N",
+            "help": "multi-key prompts per length: --multikey-keys keys with distinct names in one haystack, one of "
+            "them asked for; 0 skips the test (default: %(default)s)",
+        },
+    )
+    multikey_keys: int = field(
+        default=MULTIKEY_KEYS, metadata={"metavar": "K", "help": "keys in a multi-key haystack (default: %(default)s)"}
+    )
+    multikey_questions: int = field(
+        default=MULTIKEY_QUESTIONS,
+        metadata={
+            "metavar": "Q",
+            "help": "questions asked of each multi-key haystack, each a trial sharing its forward pass (default: "
+            "%(default)s)",
+        },
+    )
+    needle_data: list[str] | None = field(
+        default=None,
+        metadata={
+            "nargs": "+",
+            "metavar": "FILE",
+            "help": "the haystack text of the passkey and multi-key prompts (default: --data); held-out text",
+        },
+    )
+    needle_templates: str | None = field(
+        default=None,
+        metadata={
+            "metavar": "FILE.json",
+            "help": "needle and question templates of the passkey and multi-key prompts (default: path_hf's "
+            "evaluation set, path_hf/evaluation/needle_templates.json)",
+        },
+    )
+    greedy_check: int = field(
+        default=1,
+        metadata={
+            "metavar": "N",
+            "help": "the first N passkey and multi-key trials of each length are also decoded greedily with generate, "
+            "from scratch: a check of the teacher-forced verdict (default: %(default)s)",
+        },
+    )
+    local_window: int | None = field(
+        default=None,
+        metadata={
+            "metavar": "W",
+            "help": "evaluate models with local layers (a hybrid's local_window) with this window instead of the "
+            "one they were converted with",
         },
     )
     copy_trials: int = field(
@@ -243,13 +311,27 @@ class EvalOptions:
             value = getattr(self, option.name)
             if minimum is not None and value is not None and value < minimum:
                 raise EvaluationError(f"{option_flag(option)} must be at least {minimum} ({meaning}), got {value}")
-        if self.passkey_depths is not None:
-            if not self.passkey_depths:
-                raise EvaluationError("--passkey-depths is empty: give one or more depths between 0 and 1")
+        if not self.passkey_depths:
+            raise EvaluationError("--passkey-depths is empty: give one or more depths between 0 and 1")
+        try:
+            _check_depths(self.passkey_depths)
+        except ValueError as error:
+            raise EvaluationError(str(error)) from None
+        if not (self.perplexity or self.passkey_trials or self.multikey_trials or self.copy_trials):
+            raise EvaluationError(
+                "--no-perplexity with no retrieval test measures nothing: give --passkey-trials, --multikey-trials or "
+                "--copy-trials"
+            )
+        if self.needle_templates is not None:
             try:
-                _check_depths(self.passkey_depths)
+                self.templates()
             except ValueError as error:
-                raise EvaluationError(str(error)) from None
+                raise EvaluationError(f"--needle-templates {error}") from None
+            if self.multikey_trials and self.multikey_keys > len(self.templates().names):
+                raise EvaluationError(
+                    f"--multikey-keys {self.multikey_keys} is more than the {len(self.templates().names)} names of "
+                    f"--needle-templates {self.needle_templates}: give fewer keys or more names"
+                )
         if self.copy_trials and 2 * self.copy_span + 1 > self.lengths[-1]:
             raise EvaluationError(
                 f"--copy-span {self.copy_span} does not fit the longest length {self.lengths[-1]}: a copy window holds "
@@ -266,6 +348,14 @@ class EvalOptions:
                 f"--max-tokens {self.max_tokens} is below the longest length {self.lengths[-1]}: no window would fit"
             )
         self._check_outputs()
+
+    def templates(self):
+        """The needle templates of the passkey and multi-key prompts (`--needle-templates`, or path_hf's own)."""
+        from ..evaluation import NeedleTemplates
+
+        if self.needle_templates is None:
+            return NeedleTemplates.default()
+        return NeedleTemplates.from_file(self.needle_templates)
 
     def _check_outputs(self) -> None:
         """`--output` and `--plot` must be files that can be written where they are named (a directory that exists
@@ -301,6 +391,12 @@ _MINIMUMS = {
     "stride": (1, "tokens a sliding window moves by"),
     "batch_size": (1, "windows per forward pass"),
     "passkey_trials": (0, "0 skips the passkey test"),
+    "haystacks": (1, "stretches of text the passkey trials are hidden in"),
+    "multikey_trials": (0, "0 skips the multi-key test"),
+    "multikey_keys": (2, "keys in a multi-key haystack, one asked for"),
+    "multikey_questions": (1, "questions asked of each multi-key haystack"),
+    "greedy_check": (0, "0 decodes no trial with generate"),
+    "local_window": (1, "tokens a local layer sees"),
     "copy_trials": (0, "0 skips the copy test"),
     "copy_span": (2, "tokens of the copied span, whose first is not scored"),
     "seed": (0, "the seed of the passkey prompts"),
@@ -413,18 +509,30 @@ def check_model(spec: ModelSpec, options: EvalOptions):
 
 @dataclass(frozen=True)
 class Tokens:
-    """What a model is evaluated on: its tokenizer, the first `--max-tokens` tokens of the data in it, and the
-    largest token id the model is fed (passkey prompts included), which its vocabulary must hold."""
+    """What a model is evaluated on: its tokenizer, the first `--max-tokens` tokens of the data in it, the haystack
+    text of the needle prompts (`--needle-data`, or more of `--data`), and the largest token id the model is fed
+    (needles and questions included), which its vocabulary must hold."""
 
     tokenizer: Any
     stream: list[int]
     largest_id: int
+    haystack: list[int] = field(default_factory=list)
 
 
-def _tokenize(flag: str, source: str, label: str, options: EvalOptions, texts: list[str]) -> Tokens:
+# The haystack text read for the needle prompts: this many times the longest length (their stretches are drawn from it).
+HAYSTACK_LENGTHS = 8
+
+
+def _needles_wanted(options: EvalOptions) -> bool:
+    return bool(options.passkey_trials or options.multikey_trials)
+
+
+def _tokenize(
+    flag: str, source: str, label: str, options: EvalOptions, texts: list[str], needle_texts: list[str] | None = None
+) -> Tokens:
     """The tokenizer of `source` and the data in it; refuses a tokenizer without a vocabulary, one that does not fit
     the text, and too little text for the longest length."""
-    from ..evaluation import passkey_windows, tokenize_stream
+    from ..evaluation import tokenize_stream
     from ..loading import load_tokenizer
 
     with _loading(flag, source):
@@ -447,13 +555,21 @@ def _tokenize(flag: str, source: str, label: str, options: EvalOptions, texts: l
             f"{options.lengths[-1]}: give more text or drop the longer lengths"
         )
     largest_id = max(stream)
-    if options.passkey_trials:
-        try:  # the prompts of every length are made of the same pieces: those of the longest show every id
-            prompts = passkey_windows(tokenizer, options.lengths[-1], options.passkey_trials, options.seed)
-            largest_id = max(largest_id, *(int(window.input_ids.max()) for window in prompts))
-        except ValueError:  # too short for a prompt: no length runs the passkey test
-            pass
-    return Tokens(tokenizer, stream, largest_id)
+    haystack: list[int] = []
+    if _needles_wanted(options):
+        haystack = tokenize_stream(
+            needle_texts or texts, tokenizer, max(options.max_tokens, HAYSTACK_LENGTHS * options.lengths[-1])
+        )
+        if len(haystack) < options.lengths[-1]:
+            raise EvaluationError(
+                f"{'--needle-data' if needle_texts else '--data'} holds {len(haystack)} tokens for {label}'s "
+                f"tokenizer, fewer than a needle prompt of the longest length {options.lengths[-1]}: give more text"
+            )
+        templates = options.templates()
+        pieces = [template.needle + template.question for template in (*templates.passkey, *templates.multikey)]
+        pieces += [" ".join(templates.names) + " 0123456789"]
+        largest_id = max(largest_id, *haystack, *(max(tokenizer(piece)["input_ids"] or [0]) for piece in pieces))
+    return Tokens(tokenizer, stream, largest_id, haystack)
 
 
 def _vocabulary(config) -> int | None:
@@ -530,14 +646,16 @@ def _check_own_tokenizer(spec: ModelSpec, options: EvalOptions, tokens: Tokens, 
         )
 
 
-def prepare_tokens(spec: ModelSpec, options: EvalOptions, texts: list[str], config, cache: dict) -> Tokens:
+def prepare_tokens(
+    spec: ModelSpec, options: EvalOptions, texts: list[str], config, cache: dict, needle_texts: list[str] | None = None
+) -> Tokens:
     """The tokens `spec` is evaluated on (`config`: its model's), checked before any model is loaded: the tokenizer
     must fit the text (`_tokenize`) and belong to the model: every id it writes has an embedding, and a `--tokenizer`
     writes the ids of the model's own tokenizer, if the model has one. `cache` keeps what models of the same run
     share: a tokenizer and its tokens, a comparison of the same model's tokenizers."""
     flag, source = _tokenizer_source(spec, options)
     if ("tokens", source) not in cache:
-        cache["tokens", source] = _tokenize(flag, source, spec.label, options, texts)
+        cache["tokens", source] = _tokenize(flag, source, spec.label, options, texts, needle_texts)
     tokens = cache["tokens", source]
     _check_vocabulary(spec, options, tokens, _vocabulary(config))
     if options.tokenizer and ("compared", spec.path) not in cache:
@@ -566,53 +684,29 @@ def _model(spec: ModelSpec, options: EvalOptions, device: str):
     return model
 
 
-def _measure(model, tokenizer, stream: list[int], length: int, factor: float | None, options: EvalOptions) -> dict:
-    """Perplexity (and passkey and copy accuracy) of `model` as it is at one context length (`factor`: its RoPE
-    scaling's)."""
-    from ..evaluation import (
-        accuracy_by_depth,
-        answer_scores,
-        copy_scores,
-        copy_windows,
-        make_windows,
-        nll_by_depth,
-        passkey_windows,
-        score_windows,
-    )
+def _measure(model, tokens: Tokens, length: int, factor: float | None, options: EvalOptions) -> dict:
+    """Perplexity, and passkey, multi-key and copy retrieval, of `model` as it is at one context length (`factor`: its
+    RoPE scaling's)."""
+    from ..evaluation import copy_scores, copy_windows, make_windows, score_windows
 
-    windows = make_windows(stream, length, options.stride)
-    result = score_windows(model, windows, options.batch_size, progress=options.progress)
-    entry = {
-        "ppl": result.ppl,
-        "nll": result.nll,
-        "tokens": result.tokens,
-        "windows": len(windows),
-        # the tokens read with at least half a window of context: those past the training length at 2x+
-        "ppl_second_half": result.ppl_between(length // 2),
-    }
+    tokenizer, stream = tokens.tokenizer, tokens.stream
+    entry: dict[str, Any] = {}
+    if options.perplexity:
+        windows = make_windows(stream, length, options.stride)
+        result = score_windows(model, windows, options.batch_size, progress=options.progress)
+        entry |= {
+            "ppl": result.ppl,
+            "nll": result.nll,
+            "tokens": result.tokens,
+            "windows": len(windows),
+            # the tokens read with at least half a window of context: those past the training length at 2x+
+            "ppl_second_half": result.ppl_between(length // 2),
+        }
     if factor is not None:
         entry["rope_factor"] = factor
-    if options.passkey_trials:
-        depths = options.passkey_depths
-        try:
-            prompts = passkey_windows(tokenizer, length, options.passkey_trials, options.seed, depths)
-        except ValueError as error:  # a length too short for the prompt
-            entry["passkey"], entry["passkey_nll"], entry["passkey_error"] = None, None, str(error)
-            if depths:
-                entry["passkey_by_depth"] = entry["passkey_nll_by_depth"] = None
-        else:
-            scores = answer_scores(model, prompts, options.batch_size, progress=options.progress)
-            correct = scores.all_correct
-            entry["passkey"] = sum(correct) / len(correct)
-            # the key's mean negative log-likelihood per token: tells apart models that all miss, or all find, it
-            entry["passkey_nll"] = scores.nll
-            if depths:
-                entry["passkey_by_depth"] = {
-                    str(depth): value for depth, value in accuracy_by_depth(correct, depths).items()
-                }
-                entry["passkey_nll_by_depth"] = {
-                    str(depth): value for depth, value in nll_by_depth(scores, depths).items()
-                }
+    for kind in ("passkey", "multikey"):
+        if getattr(options, f"{kind}_trials"):
+            entry |= _needle_entry(kind, model, tokens, length, options)
     if options.copy_trials:
         prefix = tokenizer("", add_special_tokens=True)["input_ids"]  # BOS, for tokenizers that add one
         try:
@@ -623,6 +717,40 @@ def _measure(model, tokenizer, stream: list[int], length: int, factor: float | N
             copied = copy_scores(model, windows, options.batch_size, progress=options.progress)
             entry["copy"], entry["copy_nll"] = copied.accuracy, copied.nll
     return entry
+
+
+def _needle_entry(kind: str, model, tokens: Tokens, length: int, options: EvalOptions) -> dict:
+    """`{kind: summary, f"{kind}_trials": one record a trial}` of the passkey or multi-key test at `length`
+    (`path_hf.evaluation.needles`); `{kind: None, f"{kind}_error": why}` where the length is too short for a prompt."""
+    from ..evaluation import multikey_trials, passkey_trials, score_trials, summarize_trials, trial_records
+
+    try:
+        if kind == "passkey":
+            trials = passkey_trials(
+                tokens.tokenizer,
+                tokens.haystack,
+                length,
+                options.passkey_trials,
+                options.passkey_depths,
+                options.haystacks,
+                options.templates(),
+                options.seed,
+            )
+        else:
+            trials = multikey_trials(
+                tokens.tokenizer,
+                tokens.haystack,
+                length,
+                options.multikey_trials,
+                options.multikey_keys,
+                options.multikey_questions,
+                options.templates(),
+                options.seed,
+            )
+    except ValueError as error:  # a length too short for a prompt
+        return {kind: None, f"{kind}_error": str(error)}
+    results = score_trials(model, trials, greedy_check=options.greedy_check, progress=options.progress)
+    return {kind: summarize_trials(results), f"{kind}_trials": trial_records(results, tokens.tokenizer)}
 
 
 def evaluate_model(
@@ -638,8 +766,15 @@ def evaluate_model(
     from ..evaluation import rope_scaling
 
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer, stream = tokens.tokenizer, tokens.stream
+    stream = tokens.stream
     model = _model(spec, options, device)
+    if options.local_window is not None:
+        if getattr(model.config, "local_window", None) is None:
+            raise EvaluationError(
+                f"--local-window {options.local_window}: --model {spec.label} has no local layers (no local_window in "
+                "its config): leave the option out, or give a hybrid (path-hf convert --local-window)"
+            )
+        model.config.local_window = options.local_window  # the local layers read it at every forward
     # the embeddings themselves, for a config that does not state their number
     _check_vocabulary(spec, options, tokens, model.get_input_embeddings().num_embeddings)
     train_length = _train_length(model.config, options.train_length)
@@ -650,6 +785,7 @@ def evaluate_model(
         "rope_scaling": spec.rope_scaling,
         "train_length": train_length,
         "tokens": len(stream),
+        "local_window": getattr(model.config, "local_window", None),
         "lengths": {},
     }
     for length in options.lengths:
@@ -665,31 +801,41 @@ def evaluate_model(
         ):
             entry = {**unscaled["lengths"][str(length)], "rope_factor": factor, "same_as_unscaled": True}
             record["lengths"][str(length)] = entry
-            print(f"{spec.label:>24}  {length:>6}  ppl {entry['ppl']:9.3f}  (the unscaled model's)", file=sys.stderr)
+            print(f"{spec.label:>24}  {length:>6}  {_line(entry)}  (the unscaled model's)", file=sys.stderr)
             continue
         try:
             scaled = rope_scaling(model, spec.rope_scaling, factor, train_length) if spec.rope_scaling else None
         except ValueError as error:
             raise EvaluationError(f"--model {spec.label}: {error}") from error
         with scaled or contextlib.nullcontext():
-            entry = _measure(model, tokenizer, stream, length, factor, options)
+            entry = _measure(model, tokens, length, factor, options)
         entry["seconds"] = round(time.perf_counter() - started, 2)
         record["lengths"][str(length)] = entry
-        passkey, copied = entry.get("passkey"), entry.get("copy")
-        print(
-            f"{spec.label:>24}  {length:>6}  ppl {entry['ppl']:9.3f}"
-            + (f"  passkey {passkey:5.0%}" if passkey is not None else "")
-            + (f"  copy {copied:6.1%} (nll {entry['copy_nll']:.3f})" if copied is not None else "")
-            + f"  ({entry['seconds']:.1f} s)",
-            file=sys.stderr,
-        )
+        print(f"{spec.label:>24}  {length:>6}  {_line(entry)}  ({entry['seconds']:.1f} s)", file=sys.stderr)
     del model
     gc.collect()
     return record
 
 
+def _found(summary: dict) -> str:
+    """`"37/40"` of a passkey or multi-key summary."""
+    return f"{summary['found']}/{summary['trials']}"
+
+
+def _line(entry: dict) -> str:
+    """One length's numbers on one line (the progress printout)."""
+    parts = [f"ppl {entry['ppl']:9.3f}"] if "ppl" in entry else []
+    for kind in ("passkey", "multikey"):
+        if entry.get(kind) is not None:
+            low, high = entry[kind]["wilson95"]
+            parts.append(f"{kind} {_found(entry[kind])} [{low:.0%}, {high:.0%}]")
+    if entry.get("copy") is not None:
+        parts.append(f"copy {entry['copy']:6.1%} (nll {entry['copy_nll']:.3f})")
+    return "  ".join(parts)
+
+
 def format_table(report: dict) -> str:
-    """Perplexity (and passkey and copy accuracy) per model and length, as a Markdown table."""
+    """Perplexity (and passkey, multi-key and copy retrieval) per model and length, as a Markdown table."""
     lengths = report["lengths"]
     train = report.get("train_length")
     header = [f"{n} ({n / train:g}x)" if train else str(n) for n in lengths]
@@ -698,17 +844,21 @@ def format_table(report: dict) -> str:
         cells = []
         for n in lengths:
             entry = record["lengths"][str(n)]
-            cell = f"{entry['ppl']:.2f}"
-            if entry.get("passkey") is not None:
-                cell += f" / {entry['passkey']:.0%}"
+            parts = [f"{entry['ppl']:.2f}"] if "ppl" in entry else []
+            parts += [_found(entry[kind]) for kind in ("passkey", "multikey") if entry.get(kind) is not None]
             if entry.get("copy") is not None:
-                cell += f" / copy {entry['copy']:.1%}"
-            cells.append(cell)
+                parts.append(f"copy {entry['copy']:.1%}")
+            cells.append(" / ".join(parts) or "-")
         rows.append(f"| {label} | " + " | ".join(cells) + " |")
-    note = "perplexity / passkey accuracy" if report.get("passkey_trials") else "perplexity"
+    names = ["perplexity"] if report.get("perplexity", True) else []
+    names += [f"{kind} found/trials" for kind in ("passkey", "multikey") if report.get(f"{kind}_trials")]
     if report.get("copy_trials"):
-        note += f" / copy accuracy ({report['copy_span']}-token span)"
-    return "\n".join(rows) + f"\n({note}; {report['windowing']})"
+        names.append(f"copy accuracy ({report['copy_span']}-token span)")
+    return "\n".join(rows) + f"\n({' / '.join(names)}; {report['windowing']})"
+
+
+def _finite_ppl(entry: dict) -> bool:
+    return math.isfinite(entry.get("ppl", math.nan))
 
 
 def run_eval(options: EvalOptions) -> dict:
@@ -722,17 +872,37 @@ def run_eval(options: EvalOptions) -> dict:
         raise EvaluationError(f"--data: {error}") from error
     if not texts:
         raise EvaluationError(f"--data {' '.join(options.data)}: no non-empty documents")
+    needle_texts = None
+    if options.needle_data and _needles_wanted(options):
+        try:
+            needle_texts = read_texts(options.needle_data, options.text_field)
+        except (OSError, ValueError) as error:
+            raise EvaluationError(f"--needle-data: {error}") from error
+        if not needle_texts:
+            raise EvaluationError(f"--needle-data {' '.join(options.needle_data)}: no non-empty documents")
     configs = {spec.label: check_model(spec, options) for spec in options.models}
     cache: dict = {}
-    tokens = {spec.label: prepare_tokens(spec, options, texts, configs[spec.label], cache) for spec in options.models}
+    tokens = {
+        spec.label: prepare_tokens(spec, options, texts, configs[spec.label], cache, needle_texts)
+        for spec in options.models
+    }
     report = {
         "data": options.data,
         "max_tokens": options.max_tokens,
         "lengths": list(options.lengths),
         "windowing": f"sliding windows, stride {options.stride}" if options.stride else "non-overlapping windows",
         "stride": options.stride,
+        "perplexity": options.perplexity,
         "passkey_trials": options.passkey_trials,
-        "passkey_depths": list(options.passkey_depths) if options.passkey_depths else None,
+        "passkey_depths": list(options.passkey_depths),
+        "haystacks": options.haystacks,
+        "multikey_trials": options.multikey_trials,
+        "multikey_keys": options.multikey_keys,
+        "multikey_questions": options.multikey_questions,
+        "needle_data": options.needle_data or options.data,
+        "needle_templates": options.needle_templates,
+        "greedy_check": options.greedy_check,
+        "local_window": options.local_window,
         "copy_trials": options.copy_trials,
         "copy_span": options.copy_span,
         "seed": options.seed,
@@ -758,7 +928,7 @@ def run_eval(options: EvalOptions) -> dict:
             tmp.write_text(json.dumps(report, indent=2) + "\n")
     if options.plot:
         ppl = {
-            label: {int(n): entry["ppl"] for n, entry in record["lengths"].items() if math.isfinite(entry["ppl"])}
+            label: {int(n): entry["ppl"] for n, entry in record["lengths"].items() if _finite_ppl(entry)}
             for label, record in report["models"].items()
         }
         with atomic_file(options.plot) as tmp:

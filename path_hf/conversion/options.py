@@ -32,7 +32,10 @@ UNRECORDED_OPTIONS = (*RUN_OPTIONS, "revision", "gguf_file", "follow_symlinks")
 
 
 def parse_layers(spec: str) -> tuple[int, ...]:
-    """`"0-11,20"` -> `(0, 1, ..., 11, 20)`: comma-separated indices and inclusive ranges."""
+    """`"0-11,20"` -> `(0, 1, ..., 11, 20)`: comma-separated indices and inclusive ranges; `"none"` -> `()` (no PaTH
+    layer: with `--local-window`, every layer local, StreamingLLM's windowed source)."""
+    if spec.strip().lower() == "none":
+        return ()
     layers: set[int] = set()
     for part in spec.split(","):
         found = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
@@ -46,7 +49,9 @@ def parse_layers(spec: str) -> tuple[int, ...]:
 
 
 def format_layers(layers) -> str:
-    """`(0, 1, 2, 5)` -> `"0-2,5"`: the inverse of `parse_layers`."""
+    """`(0, 1, 2, 5)` -> `"0-2,5"`, `()` -> `"none"`: the inverse of `parse_layers`."""
+    if not layers:
+        return "none"
     runs: list[list[int]] = []
     for layer in sorted(layers):
         if runs and layer == runs[-1][1] + 1:

@@ -192,7 +192,7 @@ def read_source_config(source: Source, options: ConvertOptions) -> tuple[Archite
     architecture = check_source_config(raw_config)
     source_config = AutoConfig.from_pretrained(source.path)
     check_attention(source_config, options.allow_torch_only_head_dim)
-    if options.layers is not None and max(options.layers) >= source_config.num_hidden_layers:
+    if options.layers and max(options.layers) >= source_config.num_hidden_layers:
         raise ConversionError(
             f"--layers names layer {max(options.layers)}, but the model has {source_config.num_hidden_layers} layers "
             f"(0-{source_config.num_hidden_layers - 1})."

@@ -8,9 +8,12 @@ One implementation for the recipes' recovery tracking, `path-hf eval` and the de
 - `scoring`: perplexity over windows of `context_length` tokens (non-overlapping, or sliding by `stride` with each
   token scored once); the model scores every token of a window but the first from the tokens before it in the same
   window, also per position in the window (`PerplexityResult.ppl_between`).
-- `passkey`: a five-digit key hidden at a random depth (or at given depths) in filler text; a trial counts when
-  greedy decoding after "The pass key is" would write every token of the key. Scored in one forward pass, with logits
-  formed only at the answer's positions.
+- `needles`: the retrieval protocol of `path-hf eval`: passkey (a key hidden at five depths of a haystack of held-out
+  text) and multi-key (several named keys, one asked for), with templates kept apart from training's; teacher-forced
+  (every answer token the argmax, as greedy decoding writes it, checked on a sample with `generate`), found / trials
+  with a 95% Wilson interval; trials that share the text before their needle share its forward pass.
+- `passkey`: the older synthetic prompt (a key in repeated filler sentences), which `retrieval_heads` measures heads
+  on.
 - `retrieval`: copy retrieval, denser than passkey: a span of real text at the start of a window and again at its
   end; top-1 accuracy and negative log-likelihood of the repeat's tokens (but its first), from `length - span`
   tokens back, in one forward pass with logits formed only at those positions.
@@ -42,6 +45,19 @@ from .data import (
     tokenize_documents,
     tokenize_stream,
 )
+from .needles import (
+    DEPTHS,
+    NeedleTemplate,
+    NeedleTemplates,
+    NeedleTrial,
+    TrialResult,
+    multikey_trials,
+    passkey_trials,
+    score_trials,
+    summarize_trials,
+    trial_records,
+    wilson_interval,
+)
 from .passkey import (
     PASSKEY_FILLER,
     PASSKEY_INTRO,
@@ -71,6 +87,17 @@ from .scoring import (
 
 __all__ = [
     "COMPRESSED_SUFFIXES",
+    "DEPTHS",
+    "NeedleTemplate",
+    "NeedleTemplates",
+    "NeedleTrial",
+    "TrialResult",
+    "multikey_trials",
+    "passkey_trials",
+    "score_trials",
+    "summarize_trials",
+    "trial_records",
+    "wilson_interval",
     "COPY_SPAN",
     "CopyResult",
     "IGNORE_INDEX",
