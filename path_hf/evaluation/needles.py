@@ -127,8 +127,9 @@ class NeedleTrial:
     """One prompt: `context` (token ids, to the end of the question) and the `answer` it must be followed by.
 
     `group` and `shared`: the trials of one group start with the same `shared` tokens (the text before the needle),
-    computed once for all of them. `depth` is the share of the haystack before the asked needle, `distance` the tokens
-    from the asked needle's first token to the end of the context."""
+    computed once for all of them. `depth` is the share of the haystack before the asked needle (a passkey's: the depth
+    asked for; its needle sits at the nearest sentence end), `distance` the tokens from the asked needle's first token
+    to the end of the context."""
 
     kind: str
     length: int
@@ -263,20 +264,27 @@ def passkey_trials(
             raise ValueError(f"context length {length} is too short for a passkey prompt: it needs more than "
                              f"{length - room} tokens with this tokenizer")  # fmt: skip
         pieces.append((needle, question, answer, room))
-    count = min(haystacks, math.ceil(trials / len(depths)))  # the haystacks the trials reach
-    largest = max(room for *_, room in pieces)
-    starts = _haystack_starts(len(stream), largest, count, random.Random(f"passkey-haystack-{seed}-{length}"))
+    # The haystack text each template leaves room for (with the longest key): the needle of a haystack and depth sits
+    # at the same place whatever the template and key, so that the trials of the group share the text before it.
+    widest = "9" * (digits + 1)
+    rooms = [
+        length - len(prefix) - len(_token_ids(tokenizer, " " + template.needle.format(key=widest)))
+        - sum(map(len, _question_and_answer(tokenizer, template.question, widest)))
+        for template in templates.passkey
+    ]  # fmt: skip
+    shortest, largest = min(rooms), max(room for *_, room in pieces)
+    if shortest < 1:
+        raise ValueError(f"context length {length} is too short for a passkey prompt with these templates")
+    starts = _haystack_starts(len(stream), largest, haystacks, random.Random(f"passkey-haystack-{seed}-{length}"))
     ends_of: dict[int, list[int]] = {}
     result = []
     for index, (key, (needle, question, answer, room)) in enumerate(zip(keys, pieces, strict=True)):
-        depth_index, round_ = index % len(depths), index // len(depths)
-        haystack_index = round_ % len(starts)
+        depth_index, haystack_index = index % len(depths), (index // len(depths)) % haystacks
         start = starts[haystack_index]
         haystack = list(stream[start : start + largest])
         if haystack_index not in ends_of:
             ends_of[haystack_index] = _sentence_ends(tokenizer, haystack)
-        # the needle's place is fixed by the group (haystack, depth) so that its trials share the text before it
-        at = _place([end for end in ends_of[haystack_index] if end <= room], depths[depth_index] * room)
+        at = _place([end for end in ends_of[haystack_index] if end <= shortest], depths[depth_index] * shortest)
         context = prefix + haystack[:at] + needle + haystack[at:room] + question
         result.append(
             NeedleTrial(
@@ -286,7 +294,7 @@ def passkey_trials(
                 answer=tuple(answer),
                 group=haystack_index * len(depths) + depth_index,
                 shared=len(prefix) + at,
-                depth=at / room,
+                depth=depths[depth_index],
                 distance=len(context) - (len(prefix) + at),
                 key=key,
                 name=None,

@@ -132,6 +132,32 @@ class Stage:
             "at short blocks, where memory is no constraint and recomputing costs time, on at long ones"
         ),
     )
+    retrieval: float = field(
+        default=0.0,
+        metadata=_help(
+            "share of the stage's blocks made synthetic retrieval blocks (distill stages): needle sentences with "
+            "keys put in the text, questions about them at the end, the answers also trained on with cross entropy "
+            "(path_hf.recipes.retrieval; its templates are not the evaluation's)"
+        ),
+    )
+    retrieval_weight: float = field(
+        default=1.0, metadata=_help("weight of the answers' cross entropy beside the distillation loss")
+    )
+    local_window: list[int] | int | None = field(
+        default=None,
+        metadata=_help(
+            "the local layers' window in this stage's training steps, shorter than the block so that only the PaTH "
+            "layers of a hybrid see its far part: one number, or a list drawn from at random each step (default: the "
+            "model's local_window). Evaluation and the saved model keep the model's own"
+        ),
+    )
+
+    @property
+    def local_windows(self) -> list[int]:
+        """The training windows of the stage (`local_window` as a list; empty: the model's own)."""
+        if self.local_window is None:
+            return []
+        return [self.local_window] if isinstance(self.local_window, int) else list(self.local_window)
 
 
 @dataclass
@@ -372,10 +398,12 @@ def check_values(config: RecipeConfig) -> None:
             "training.target_ratio": training.target_ratio,
         }),
         ("a finite number >= 0", lambda value: math.isfinite(value) and value >= 0, {
+            **{f"stages.{i}.retrieval_weight": stage.retrieval_weight for i, stage in stages},
             "training.weight_decay": training.weight_decay,
             "training.max_grad_norm": training.max_grad_norm,
         }),
         ("in [0, 1]", lambda value: 0 <= value <= 1, {
+            **{f"stages.{i}.retrieval": stage.retrieval for i, stage in stages},
             **{f"stages.{i}.warmup_ratio": stage.warmup_ratio for i, stage in stages},
             **{f"stages.{i}.min_lr_ratio": stage.min_lr_ratio for i, stage in stages},
         }),
@@ -396,6 +424,19 @@ def check_values(config: RecipeConfig) -> None:
         )
     for i, stage in stages:
         check_stage_trainable(f"stages.{i}.trainable", stage.trainable, training.trainable)
+        if stage.retrieval and stage.name != "distill":
+            raise RecipeError(
+                f"stages.{i}.retrieval: retrieval blocks are trained by a distill stage (KL beside the answers' cross "
+                f"entropy), not {stage.name}: set it on a distill stage, or leave it 0"
+            )
+        windows = stage.local_windows
+        if stage.local_window is not None and (not windows or any(
+            isinstance(window, bool) or not isinstance(window, int) or window < 1 for window in windows
+        )):  # fmt: skip
+            raise RecipeError(
+                f"stages.{i}.local_window must be a positive number of tokens or a list of them, got "
+                f"{stage.local_window!r}"
+            )
     unknown = sorted(set(training.log_with) - set(TRACKERS))
     if unknown:
         raise RecipeError(f"training.log_with: unknown tracker(s) {unknown}; use {', '.join(TRACKERS)}")

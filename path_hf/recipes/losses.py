@@ -203,6 +203,7 @@ def distillation_loss(
     temperature: float,
     chunk: int = KL_CHUNK,
     whole_weights: bool = True,
+    answer_weight: float = 1.0,
 ) -> torch.Tensor:
     """Stage 2: KL(teacher || student) of the next-token distributions at softened `temperature`, times T^2, mean
     over the positions that predict a token of their own sequence.
@@ -214,29 +215,43 @@ def distillation_loss(
       float32, and the one-shot loss held five or so of them.
     - otherwise (FSDP, DeepSpeed) the models return their whole logits and only the KL's temporaries are chunked:
       memory holds the two models' logits and the student's logit gradient besides one chunk's temporaries.
+
+    A batch with `answer_labels` (retrieval blocks, `path_hf.recipes.retrieval`) adds `answer_weight` times the
+    student's cross entropy on those tokens (mean over them): the answers themselves, not only the teacher's guess.
     """
     inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "use_cache": False}
     mask = batch["labels"][:, 1:] != IGNORE_INDEX
+    answers = batch.get("answer_labels")
+    answer_mask = answers[:, 1:] != IGNORE_INDEX if answers is not None else None
     if not whole_weights:
         with torch.no_grad():
             teacher_logits = teacher(**inputs).logits[:, :-1][mask]  # in the teacher's dtype: float32 per chunk
-        student_logits = model(**inputs).logits[:, :-1][mask]
+        all_logits = model(**inputs).logits[:, :-1]
+        student_logits = all_logits[mask]
         pieces = [
             checkpoint(_kl_rows, rows, target, temperature, use_reentrant=False)
             for rows, target in zip(student_logits.split(chunk), teacher_logits.split(chunk), strict=True)
         ]
-        return _mean_kl(pieces, student_logits, temperature)
+        loss = _mean_kl(pieces, student_logits, temperature)
+        if answer_mask is not None and answer_mask.any():
+            loss = loss + answer_weight * F.cross_entropy(all_logits[answer_mask].float(), answers[:, 1:][answer_mask])
+        return loss
     # The last hidden state that transformers returns is the final norm's output, the LM head's input.
     inputs |= {"output_hidden_states": True, "logits_to_keep": 1}
     with torch.no_grad():
         teacher_hidden = teacher(**inputs).hidden_states[-1][:, :-1][mask]
-    student_hidden = model(**inputs).hidden_states[-1][:, :-1][mask]
+    all_hidden = model(**inputs).hidden_states[-1][:, :-1]
+    student_hidden = all_hidden[mask]
     heads = [extract_model_from_parallel(m).get_output_embeddings() for m in (model, teacher)]
     pieces = [
         checkpoint(_kl_rows_from_hidden, rows, target, *heads, temperature, use_reentrant=False)
         for rows, target in zip(student_hidden.split(chunk), teacher_hidden.split(chunk), strict=True)
     ]
-    return _mean_kl(pieces, student_hidden, temperature)
+    loss = _mean_kl(pieces, student_hidden, temperature)
+    if answer_mask is not None and answer_mask.any():
+        logits = heads[0](all_hidden[answer_mask]).float()
+        loss = loss + answer_weight * F.cross_entropy(logits, answers[:, 1:][answer_mask])
+    return loss
 
 
 def _mean_kl(pieces: list[torch.Tensor], rows: torch.Tensor, temperature: float) -> torch.Tensor:

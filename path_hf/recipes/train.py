@@ -18,8 +18,10 @@ resuming, stopping), `tracking.py` (perplexity recovery, logs).
 from __future__ import annotations
 
 import gc
+import random
 import sys
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -30,7 +32,7 @@ from torch.utils.data import DataLoader
 
 from ..errors import CommandError, RecipeError
 from ..loading import load_tokenizer
-from .arguments import RecipeConfig, TrainingArguments, parse_command, read_config
+from .arguments import RecipeConfig, Stage, TrainingArguments, parse_command, read_config
 from .checkpoints import (
     Checkpointer,
     Interrupted,
@@ -60,6 +62,7 @@ from .models import (
     stage_checkpointing,
     trainable_model,
 )
+from .retrieval import RetrievalBlocks
 from .schedule import batches_drawn, plan_stages, planned_steps, stage_at, stage_scheduler
 from .tracking import RUN_NAME, RecoveryTracker, TrainingLog, flat_config, trackers
 
@@ -95,6 +98,19 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
 
     student, teacher = load_models(config, plan, accelerator)
     tokenizer = load_tokenizer(plan.student)
+    if getattr(student.config, "local_window", None) is None:
+        for i, stage in enumerate(config.stages):
+            if stage.local_window is not None:
+                raise RecipeError(
+                    f"stages.{i}.local_window sets the window of local layers, and the model has none: convert it as a "
+                    "hybrid (model.convert.local_window, with model.convert.layers the PaTH layers)"
+                )
+    # The stages' retrieval blocks by share (a stage's share is drawn per block, with the run's seed).
+    retrieval = {
+        stage.retrieval: RetrievalBlocks(tokenizer, stage.retrieval, seed=training.seed)
+        for stage in config.stages
+        if stage.retrieval
+    }
     model = trainable_model(student, training, config.stages)
     # Sharded engines gather their weights in the model's own forward: the student must run whole there.
     isolated = holds_whole_weights(accelerator)
@@ -155,18 +171,23 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
                 scheduler.step()
             lr = scheduler.get_last_lr()[0]
             step_loss, grad_norm = 0.0, None
-            for _ in range(micro_batches):
-                loss, norm = train_micro_batch(
-                    next(batches),
-                    current.stage.name,
-                    model=model,
-                    teacher=teacher,
-                    alignment=alignment,
-                    optimizer=optimizer,
-                    accelerator=accelerator,
-                    training=training,
-                    checkpointer=checkpointer,
-                )
+            blocks = retrieval.get(current.stage.retrieval)
+            for micro in range(micro_batches):
+                batch = next(batches)
+                if blocks is not None:  # a share of the blocks made retrieval blocks, drawn per micro-batch
+                    batch = blocks(batch, state.batches + micro)
+                with training_window(student, current.stage, state.step, training.seed):
+                    loss, norm = train_micro_batch(
+                        batch,
+                        current.stage,
+                        model=model,
+                        teacher=teacher,
+                        alignment=alignment,
+                        optimizer=optimizer,
+                        accelerator=accelerator,
+                        training=training,
+                        checkpointer=checkpointer,
+                    )
                 grad_norm = grad_norm if norm is None else norm
                 step_loss += loss / micro_batches
             state.step += 1
@@ -209,9 +230,26 @@ def end_run(accelerator: Accelerator) -> None:
     accelerator.end_training()
 
 
+@contextmanager
+def training_window(student: nn.Module, stage: Stage, step: int, seed: int) -> Iterator[None]:
+    """The stage's training window on the student's local layers for one step (one of `stage.local_windows`, drawn
+    from the run's seed and the step), its own `local_window` back after it: evaluation and the saved model keep it."""
+    windows = stage.local_windows
+    if not windows:
+        yield
+        return
+    config = student.config
+    kept = config.local_window
+    config.local_window = random.Random(f"window-{seed}-{step}").choice(windows)
+    try:
+        yield
+    finally:
+        config.local_window = kept
+
+
 def train_micro_batch(
     batch: dict[str, torch.Tensor],
-    stage: str,
+    stage: Stage,
     *,
     model: nn.Module,
     teacher: nn.Module | None,
@@ -226,20 +264,25 @@ def train_micro_batch(
     and the gradient norm before clipping, if clipped."""
     with accelerator.accumulate(model):
         # The alignment hooks stay on through backward, which may recompute activations.
-        with alignment.aligning() if stage == "align" else nullcontext():
-            if stage == "align":  # isolated, the loss comes back already backpropagated
+        with alignment.aligning() if stage.name == "align" else nullcontext():
+            if stage.name == "align":  # isolated, the loss comes back already backpropagated
                 loss = alignment.loss(model, teacher, batch, accelerator)
-            elif stage == "distill":
+            elif stage.name == "distill":
                 loss = distillation_loss(
-                    model, teacher, batch, training.distill_temperature, whole_weights=holds_whole_weights(accelerator)
+                    model,
+                    teacher,
+                    batch,
+                    training.distill_temperature,
+                    whole_weights=holds_whole_weights(accelerator),
+                    answer_weight=stage.retrieval_weight,
                 )
             else:
                 loss = lm_loss(model, batch)
             if all_processes(accelerator, not torch.isfinite(loss).item()):
                 # Nothing of this step has touched the weights: the checkpoint is the last good state.
                 raise RecipeError(
-                    f"non-finite {stage} loss at step {checkpointer.state.step + 1}; the last good state is saved in "
-                    f"{checkpointer.ensure_saved()}"
+                    f"non-finite {stage.name} loss at step {checkpointer.state.step + 1}; the last good state is saved "
+                    f"in {checkpointer.ensure_saved()}"
                 )
             if loss.requires_grad:
                 accelerator.backward(loss)
