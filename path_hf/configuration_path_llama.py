@@ -156,6 +156,11 @@ class PaTHLlamaConfig(LlamaConfig):
             `0 <= i - j < local_window`), plus the `local_sinks` first keys. Set to at most the source's training
             context, no RoPE distance in a local layer is ever out of distribution, and long range is left to the PaTH
             layers. `None`: the RoPE layers see every earlier key.
+        local_full_heads (`list[list[int]]`, *optional*):
+            Query heads of the local layers that see every key, as `[layer, head]` pairs: the retrieval heads of a
+            DuoAttention-style model (arXiv 2410.10819), chosen by a measured score (`path-hf convert --full-heads`),
+            the other heads of their layer staying local. A layer holding such heads caches every key and takes the
+            global layers' RoPE, which `path-hf eval`'s `@yarn` scales, for all its heads. Needs `local_window`.
         local_sinks (`int`, *optional*, defaults to 0):
             Attention sinks of the local layers (StreamingLLM, arXiv 2309.17453): the first `local_sinks` tokens of a
             sequence stay visible to every query, renumbered as StreamingLLM's cache renumbers them, as if they stood
@@ -213,6 +218,7 @@ class PaTHLlamaConfig(LlamaConfig):
     path_layers: list[int] | None = None
     local_window: int | None = None
     local_sinks: int = 0
+    local_full_heads: list[list[int]] | None = None
     path_forget_gate: bool = False
     path_forget_gate_bias: float | int = 0.0
     path_w_rank: int | None = None
@@ -251,6 +257,10 @@ class PaTHLlamaConfig(LlamaConfig):
             "local_window instead."
         )
 
+    def full_heads(self, layer_idx: int) -> list[int]:
+        """The query heads of local layer `layer_idx` that see every key (`local_full_heads`), in order."""
+        return sorted(head for layer, head in self.local_full_heads or () if layer == layer_idx)
+
     def is_path_layer(self, layer_idx: int) -> bool:
         """Whether layer `layer_idx` uses PaTH attention."""
         return self.path_layers is None or layer_idx in self.path_layers
@@ -288,6 +298,17 @@ class PaTHLlamaConfig(LlamaConfig):
                     "local_window makes the RoPE layers local, but every layer is a PaTH layer: list the PaTH layers "
                     "in path_layers, or leave local_window unset."
                 )
+        if self.local_full_heads is not None:
+            if self.local_window is None:
+                raise ValueError("local_full_heads are heads of the local layers that see every key: set local_window.")
+            for pair in self.local_full_heads:
+                if len(pair) != 2 or not 0 <= pair[1] < self.num_attention_heads:
+                    raise ValueError(
+                        f"local_full_heads holds [layer, head] pairs of query heads below {self.num_attention_heads}, "
+                        f"got {pair}."
+                    )
+                if not 0 <= pair[0] < self.num_hidden_layers or self.is_path_layer(pair[0]):
+                    raise ValueError(f"local_full_heads: layer {pair[0]} is not a local layer of the model.")
         if self.attention_dropout and (self.path_layers is None or self.path_layers):
             raise ValueError(
                 f"PaTH attention has no attention dropout; got attention_dropout={self.attention_dropout}. Set it to 0."

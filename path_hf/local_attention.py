@@ -138,6 +138,39 @@ def local_attention(
     return (output.transpose(1, 2), weights) if return_weights else output.transpose(1, 2)
 
 
+def full_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    scaling: float,
+    query_sequences: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of some heads over every key (a local layer's full heads, `config.local_full_heads`).
+
+    Args:
+        query: `[B, F, T, D]` the full heads' queries; key, value: `[B, F, S, D]` their key-value heads' keys and
+            values (the last T are the queries' own tokens).
+        query_positions, key_positions: as `local_attention`'s (-1: padding, never seen).
+        query_sequences: as `local_attention`'s; packed rows (no cache) see only their own sequence.
+
+    Returns:
+        `[B, T, F, D]`. A prefill of unpadded, unpacked rows runs SDPA's causal kernel; otherwise a mask by
+        positions.
+    """
+    offset = key.shape[2] - query.shape[2]
+    if offset == 0 and query_sequences is None and bool((key_positions >= 0).all()):
+        output = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
+        return output.transpose(1, 2)
+    seen = (key_positions[:, None, :] >= 0) & (key_positions[:, None, :] <= query_positions[:, :, None])
+    if query_sequences is not None:
+        seen &= query_sequences[:, :, None] == query_sequences[:, None, :]
+    seen |= ~seen.any(-1, keepdim=True)  # a padded query sees every key: finite, and masked later
+    output = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=seen[:, None], scale=scaling)
+    return output.transpose(1, 2)
+
+
 def _fused_block(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -197,13 +230,22 @@ class LocalCacheLayer(DynamicLayer):
         self.cumulative_length = 0
 
     def update_local(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, positions: torch.Tensor, window: int, sinks: int
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        positions: torch.Tensor,
+        window: int | None,
+        sinks: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Append new tokens (`[B, H, T, D]`, positions `[B, T]`); return every key, value and position the new
-        tokens may see (the cache before them, then them), and keep only what later tokens may see."""
+        tokens may see (the cache before them, then them), and keep only what later tokens may see (everything with
+        `window=None`: a layer whose full heads see every key)."""
         keys, values = self.update(key_states, value_states)
         positions = positions if self.positions is None else torch.cat([self.positions, positions], dim=-1)
         self.cumulative_length += key_states.shape[-2]
+        if window is None:
+            self.positions = positions
+            return keys, values, positions
         # Kept: the leading tokens up to the last sink of any row, and the last window - 1.
         is_sink = (positions >= 0) & (positions < sinks)
         head = int(is_sink.any(0).nonzero().max()) + 1 if sinks and bool(is_sink.any()) else 0
@@ -249,4 +291,4 @@ class LocalStaticCacheLayer(StaticLayer):
         )
 
 
-__all__ = ["BLOCK", "LocalCacheLayer", "LocalStaticCacheLayer", "local_attention"]
+__all__ = ["BLOCK", "LocalCacheLayer", "LocalStaticCacheLayer", "full_attention", "local_attention"]

@@ -45,7 +45,7 @@ from transformers.utils.output_capturing import capture_outputs
 
 from .cache_path_llama import PaTHCacheLayer, PaTHStaticCacheLayer
 from .configuration_path_llama import LOCAL_LAYER_TYPE, PATH_LAYER_TYPE, PaTHLlamaConfig, RopeMode
-from .local_attention import LocalCacheLayer, local_attention
+from .local_attention import LocalCacheLayer, full_attention, local_attention
 from .ops import path_attention
 
 
@@ -219,12 +219,13 @@ class PaTHLlamaLocalAttention(PaTHLlamaRoPEAttention):
         if local_positions is None or rope_inv_freq is None:
             raise ValueError("A local layer needs local_positions and rope_inv_freq (PaTHLlamaModel passes them).")
         window, sinks = self.config.local_window, self.config.local_sinks
+        full_heads = self.config.full_heads(self.layer_idx)
         query_states, key_states, value_states = self.project_qkv(hidden_states, position_embeddings)
         query_states, key_states, value_states = (x.transpose(1, 2) for x in (query_states, key_states, value_states))
         key_positions = local_positions
-        if cache is not None:
+        if cache is not None:  # a layer with full heads keeps every key
             key_states, value_states, key_positions = self._cache_layer(cache).update_local(
-                key_states, value_states, local_positions, window, sinks
+                key_states, value_states, local_positions, None if full_heads else window, sinks
             )
         if local_sequences is not None and key_positions.shape[-1] != local_positions.shape[-1]:
             raise ValueError("Packed sequences cannot continue a cache.")
@@ -244,6 +245,18 @@ class PaTHLlamaLocalAttention(PaTHLlamaRoPEAttention):
             key_sequences=local_sequences,
             return_weights=decode_weights,
         )
+        if full_heads:
+            attn_output = attn_output[0] if decode_weights else attn_output
+            attn_output[:, :, full_heads] = full_attention(
+                query_states[:, full_heads],
+                key_states[:, [head // self.num_key_value_groups for head in full_heads]],
+                value_states[:, [head // self.num_key_value_groups for head in full_heads]],
+                local_positions,
+                key_positions,
+                self.scaling,
+                local_sequences,
+            )
+            decode_weights = False  # the full heads' weights are not formed
         attn_weights = None
         if decode_weights:  # over the S keys seen: a cached key's index is its position plus the row's padding
             attn_output, kept_weights = attn_output
@@ -794,15 +807,20 @@ class PaTHLlamaModel(PaTHLlamaPreTrainedModel, LlamaModel):
         if rotate is not None and PATH_LAYER_TYPE in rope_by_type:  # critical-band RoPE: PaTH layers only
             rope_by_type[PATH_LAYER_TYPE] = band_limited(position_embeddings, rotate, self.rotary_emb.attention_scaling)
 
-        for decoder_layer in self.layers[: self.config.num_hidden_layers]:
+        # Local layers with full heads take the global layers' RoPE (which evaluation may scale) for all their heads.
+        full_layers = {layer for layer, _ in self.config.local_full_heads or ()}
+        for layer_idx, decoder_layer in enumerate(self.layers[: self.config.num_hidden_layers]):
+            rope, extra = rope_by_type[decoder_layer.attention_type], layer_kwargs[decoder_layer.attention_type]
+            if layer_idx in full_layers:
+                rope, extra = position_embeddings, {**extra, "rope_inv_freq": self.rotary_emb.inv_freq}
             hidden_states = decoder_layer(
                 hidden_states,
                 attention_mask=mask_mapping[decoder_layer.attention_type],
-                position_embeddings=rope_by_type[decoder_layer.attention_type],
+                position_embeddings=rope,
                 position_ids=position_ids,
                 cache=cache,
                 use_cache=use_cache,
-                **layer_kwargs[decoder_layer.attention_type],
+                **extra,
             )
 
         hidden_states = self.norm(hidden_states)

@@ -42,10 +42,10 @@ def convert(options: ConvertOptions) -> Conversion:
     converted checkpoint, atomically. The destination is checked first (`check_destination`), then locked until the
     output is in place (`destination_lock`: a second conversion to it is refused meanwhile). Staging directories that
     killed conversions to the same destination left are removed next (`clear_stale_staging`). A GGUF source is
-    materialised beside the destination, and removed at the end whatever happens. With `--retrieval-layers` the source
-    runs first, to choose the PaTH layers (`conversion.retrieval`). A failed verification raises
-    `VerificationFailed`, which holds what it measured. A source that cannot be found or read (`path_hf.loading`'s
-    `SourceError`) raises `ConversionError` with the same message."""
+    materialised beside the destination, and removed at the end whatever happens. With `--retrieval-layers` (or
+    `--full-heads`) the source runs first, to choose the PaTH layers (or the full heads: `conversion.retrieval`). A
+    failed verification raises `VerificationFailed`, which holds what it measured. A source that cannot be found or
+    read (`path_hf.loading`'s `SourceError`) raises `ConversionError` with the same message."""
     try:
         return _convert(options)
     except SourceError as error:
@@ -60,7 +60,7 @@ def _convert(options: ConvertOptions) -> Conversion:
     with destination_lock(output, create_parent=not options.dry_run):
         clear_stale_staging(output, remove=not options.dry_run)
         with gguf_source(options) as source:
-            if options.retrieval_layers is not None:
+            if options.retrieval_layers is not None or options.full_heads is not None:
                 from ..conversion.retrieval import (
                     choose_retrieval_layers,  # runs the source: imported only when asked for
                 )

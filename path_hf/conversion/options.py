@@ -48,6 +48,22 @@ def parse_layers(spec: str) -> tuple[int, ...]:
     return tuple(sorted(layers))
 
 
+def parse_heads(spec: str) -> tuple[tuple[int, int], ...]:
+    """`"3:0,7:5"` -> `((3, 0), (7, 5))`: `layer:head` pairs of query heads, sorted."""
+    heads = set()
+    for part in spec.split(","):
+        found = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", part)
+        if not found:
+            raise ValueError(f"{spec!r} is not a list of layer:head pairs such as 3:0,7:5")
+        heads.add((int(found[1]), int(found[2])))
+    return tuple(sorted(heads))
+
+
+def format_heads(heads) -> str:
+    """`((3, 0), (7, 5))` -> `"3:0,7:5"`: the inverse of `parse_heads`."""
+    return ",".join(f"{layer}:{head}" for layer, head in sorted(map(tuple, heads)))
+
+
 def format_layers(layers) -> str:
     """`(0, 1, 2, 5)` -> `"0-2,5"`, `()` -> `"none"`: the inverse of `parse_layers`."""
     if not layers:
@@ -170,6 +186,20 @@ class ConvertOptions:
     )
     local_window: int | None = config_option("local_window", metadata={"metavar": "W"})
     local_sinks: int = config_option("local_sinks", metadata={"metavar": "N"})
+    local_full_heads: tuple[tuple[int, int], ...] | None = config_option(
+        "local_full_heads",
+        notation="layer:head pairs, e.g. 3:0,7:5.",
+        metadata={"parse": parse_heads, "metavar": "LIST"},
+    )
+    full_heads: int | None = field(
+        default=None,
+        metadata={
+            "metavar": "N",
+            "help": "instead of --local-full-heads: keep the N query heads of the local layers that retrieve from far "
+            "back as full heads, measured before converting as --retrieval-layers measures layers (each head's "
+            "attention on a passkey when the key is written). Needs --local-window",
+        },
+    )
     w_rank: int | None = config_option("path_w_rank", metadata={"metavar": "R"})
     conv_size: int = config_option("path_conv_size", metadata={"metavar": "K"})
     init: str = config_option("path_init", metadata={"choices": PATH_INITS})
@@ -245,9 +275,22 @@ class ConvertOptions:
                 raise ConversionError(
                     f"--retrieval-layers must be a positive number of layers, got {self.retrieval_layers}."
                 )
+        if self.full_heads is not None:
+            if self.local_full_heads is not None:
+                raise ConversionError(
+                    "--local-full-heads names the full heads and --full-heads measures them: give one of the two."
+                )
+            if isinstance(self.full_heads, bool) or self.full_heads < 1:
+                raise ConversionError(f"--full-heads must be a positive number of heads, got {self.full_heads}.")
+            if self.local_window is None:
+                raise ConversionError("--full-heads keeps heads of the local layers whole: it needs --local-window.")
+        if self.local_full_heads is not None and self.local_window is None:
+            raise ConversionError("--local-full-heads are heads of the local layers: it needs --local-window.")
         if self.retrieval_length is not None:
-            if self.retrieval_layers is None:
-                raise ConversionError("--retrieval-length is the prompts' length of --retrieval-layers: it needs it.")
+            if self.retrieval_layers is None and self.full_heads is None:
+                raise ConversionError(
+                    "--retrieval-length is the prompts' length of --retrieval-layers and --full-heads: it needs one."
+                )
             if self.retrieval_length < 1:
                 raise ConversionError(
                     f"--retrieval-length must be a positive number of tokens, got {self.retrieval_length}."
@@ -294,6 +337,8 @@ class ConvertOptions:
 __all__ = [
     "CONTEXT",
     "RETRIEVAL_LENGTH",
+    "format_heads",
+    "parse_heads",
     "RUN_OPTIONS",
     "UNRECORDED_OPTIONS",
     "VERIFY_TOLERANCE",

@@ -34,7 +34,7 @@ from .architectures import (
     path_config_from,
 )
 from .io import SourceTensor, SourceWeights, TensorMeta, find_weight_files, split_into_shards
-from .options import CONTEXT, UNRECORDED_OPTIONS, ConvertOptions, format_layers, format_size
+from .options import CONTEXT, UNRECORDED_OPTIONS, ConvertOptions, format_heads, format_layers, format_size
 from .sources import WEIGHT_SUFFIXES, Source, fetch_weights, follow_links, links_outside, resolve_source
 from .staging import check_destination, check_disk_space
 
@@ -117,6 +117,11 @@ class ConversionPlan:
             lines.append(
                 f"local layers: {format_layers(local) or 'none'}, RoPE attention to the last {config.local_window} "
                 f"tokens and {config.local_sinks} sink(s) renumbered into the window"
+            )
+        if config.local_full_heads:
+            lines.append(
+                f"full heads:   {format_heads(config.local_full_heads)} (layer:head), every key in view, "
+                f"{len(config.local_full_heads)} of {config.num_attention_heads * config.num_hidden_layers}"
             )
         if self.ignored:
             lines.append(f"leave out:    {len(self.ignored)} tensor(s): {', '.join(t.name for t in self.ignored)}")
@@ -216,6 +221,8 @@ def converted_config(
         path_fields["rope_max_wavelength"] = float(source_context(source_config))
     if path_fields["path_layers"] is not None:
         path_fields["path_layers"] = list(path_fields["path_layers"])
+    if path_fields["local_full_heads"] is not None:
+        path_fields["local_full_heads"] = [list(pair) for pair in path_fields["local_full_heads"]]
     return path_config_from(
         source_config,
         architecture,

@@ -72,7 +72,13 @@ from .passkey import (
 )
 from .plots import plot_lengths, plot_recovery
 from .retrieval import COPY_SPAN, CopyResult, copy_accuracy, copy_scores, copy_windows, label_scores
-from .retrieval_heads import needle_mass, needle_span, rank_retrieval_layers, retrieval_heads
+from .retrieval_heads import (
+    needle_mass,
+    needle_span,
+    rank_retrieval_heads,
+    rank_retrieval_layers,
+    retrieval_heads,
+)
 from .rope import ROPE_SCALING_TYPES, rope_parameters_for, rope_scaling
 from .scoring import (
     IGNORE_INDEX,
@@ -129,6 +135,7 @@ __all__ = [
     "perplexity",
     "plot_lengths",
     "plot_recovery",
+    "rank_retrieval_heads",
     "rank_retrieval_layers",
     "read_texts",
     "retrieval_heads",

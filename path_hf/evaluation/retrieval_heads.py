@@ -95,7 +95,16 @@ def rank_retrieval_layers(mass: torch.Tensor) -> list[int]:
     return sorted(range(len(strongest)), key=lambda layer: (-strongest[layer], layer))
 
 
+def rank_retrieval_heads(mass: torch.Tensor, layers: Sequence[int] | None = None) -> list[tuple[int, int]]:
+    """The `(layer, head)` pairs of `mass` (`[layers, heads]`, `retrieval_heads`), of `layers` only if given, from the
+    head with the most mass on the needle to the one with the least (ties: the lower layer, then head, first)."""
+    layers = range(mass.shape[0]) if layers is None else layers
+    pairs = [(layer, head) for layer in layers for head in range(mass.shape[1])]
+    return sorted(pairs, key=lambda pair: (-float(mass[pair]), pair))
+
+
 __all__ = [
+    "rank_retrieval_heads",
     "RETRIEVAL_DEPTHS",
     "RETRIEVAL_TRIALS",
     "needle_mass",

@@ -271,3 +271,79 @@ def test_static_cache_is_refused_with_what_to_do():
     model.generation_config.pad_token_id = 0
     with pytest.raises(ValueError, match="Local layers \\(local_window\\) have no static cache: use the dynamic cache"):
         model.generate(random_tokens(1, 6), max_new_tokens=2, do_sample=False, cache_implementation="static")
+
+
+def _o_proj_input(model, input_ids) -> torch.Tensor:
+    """The heads' outputs of layer 0, concatenated (the input of its o_proj)."""
+    seen = []
+    hook = model.model.layers[0].self_attn.o_proj.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    with torch.no_grad():
+        model(input_ids)
+    hook.remove()
+    return seen[0]
+
+
+@pytest.mark.parametrize("sinks", [0, 2])
+def test_full_heads_see_every_key(sinks, products):
+    """`local_full_heads`: those heads of a local layer compute Llama's attention over every key, the others Mistral's
+    sliding window (their renumbered sinks as without full heads); decoding from the cache, which then keeps every
+    key, computes the same."""
+    model = local_model(path_layers=[], local_sinks=sinks, local_full_heads=[[0, 1], [0, 3]])
+    local = local_model(path_layers=[], local_sinks=sinks)
+    local.load_state_dict(model.state_dict())
+    plain = twin(model, LlamaForCausalLM, LlamaConfig)
+    input_ids = random_tokens(2, LENGTH, seed=21)
+    got, windowed, full = (_o_proj_input(m, input_ids).unflatten(-1, (4, -1)) for m in (model, local, plain))
+    torch.testing.assert_close(got[:, :, [1, 3]], full[:, :, [1, 3]], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[:, :, [0, 2]], windowed[:, :, [0, 2]], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got[:, WINDOW + sinks :, 1], windowed[:, WINDOW + sinks :, 1], atol=1e-3)
+    with torch.no_grad():
+        whole = model(input_ids).logits
+        cache = DynamicCache(config=model.config)
+        steps = [model(input_ids[:, :9], cache=cache, use_cache=True).logits]
+        steps += [model(input_ids[:, t : t + 1], cache=cache, use_cache=True).logits for t in range(9, 20)]
+        steps.append(model(input_ids[:, 20:], cache=cache, use_cache=True).logits)  # a piece after the cache
+    torch.testing.assert_close(torch.cat(steps, dim=1), whole, rtol=1e-4, atol=1e-4)
+    assert cache.layers[0].keys.shape[2] == LENGTH  # layer 0 holds full heads: every key kept
+    assert cache.layers[1].keys.shape[2] == sinks + WINDOW - 1
+
+
+def test_full_heads_take_the_global_rope():
+    """A layer with full heads takes the rotary embedding that evaluation scales (`rope_scaling`, YaRN here); a local
+    layer without them keeps its own."""
+    from path_hf.evaluation import rope_scaling
+
+    model = local_model(path_layers=[], local_full_heads=[[1, 0]])
+    input_ids = random_tokens(1, LENGTH, seed=22)
+    before = [_o_proj_input(model, input_ids)]
+    with torch.no_grad(), rope_scaling(model, "yarn", 4.0, WINDOW):
+        outputs = {}
+        for index in (0, 1):
+            hook = model.model.layers[index].self_attn.o_proj.register_forward_pre_hook(
+                lambda module, args, index=index: outputs.__setitem__(index, args[0])
+            )
+            model(input_ids)
+            hook.remove()
+    torch.testing.assert_close(outputs[0], before[0])  # layer 0: no full head, its own RoPE
+    reference = local_model(path_layers=[])
+    reference.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        hook = reference.model.layers[1].self_attn.o_proj.register_forward_pre_hook(
+            lambda module, args: outputs.__setitem__("unscaled", args[0])
+        )
+        reference(input_ids)
+        hook.remove()
+    assert not torch.allclose(outputs[1], outputs["unscaled"], atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"local_full_heads": [[0, 1]]}, "set local_window"),
+        ({"local_window": 8, "path_layers": [1], "local_full_heads": [[1, 0]]}, "layer 1 is not a local layer"),
+        ({"local_window": 8, "path_layers": [], "local_full_heads": [[0, 9]]}, "query heads below 4"),
+    ],
+)
+def test_bad_full_heads_are_refused(fields, message):
+    with pytest.raises(StrictDataclassClassValidationError, match=message):
+        tiny_model_config(**fields)
