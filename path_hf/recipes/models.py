@@ -51,10 +51,18 @@ def plan_models(config: RecipeConfig) -> ModelPlan:
             raise RecipeError(f"model.convert is set but model.path {model_args.path} is already a PaTH checkpoint")
         recorded = getattr(student_config, "path_conversion", None) or {}
         student, convert_from, teacher = model_args.path, None, model_args.teacher or recorded.get("source")
+        local_window = student_config.local_window
     else:
         student = str(Path(config.training.output_dir) / "converted")
         convert_from, teacher = model_args.path, model_args.teacher or source
-        conversion_options(model_args, student)  # checks the option names and values now
+        local_window = conversion_options(model_args, student).local_window  # checks the options now
+    if local_window is None:
+        for i, stage in enumerate(config.stages):
+            if stage.local_window is not None:
+                raise RecipeError(
+                    f"stages.{i}.local_window sets the window of local layers, and the model has none: convert it as a "
+                    "hybrid (model.convert.local_window, with model.convert.layers the PaTH layers)"
+                )
     limit = getattr(student_config, "max_position_embeddings", None)
     # data.block_size first, also where every stage sets its own: the evaluation windows' unit
     sizes = [(config.data.block_size, "data.block_size"), *config.block_size_settings.items()]

@@ -26,7 +26,8 @@ from ..evaluation.needles import _place, _question_and_answer
 
 # Key lengths drawn for each needle (digits), so that no one length is learnt as the answer's.
 KEY_DIGITS = (4, 5, 6, 7)
-# Text left between the last needle and the questions at least: the needles are not all in the last few tokens.
+# Text left between the last needle and the questions, at least (an eighth of a short block): the needles are not all
+# in the last few tokens.
 MIN_GAP = 64
 
 
@@ -120,11 +121,12 @@ class RetrievalBlocks:
             question = template.question.format(name=names[k] or "")
             asks.append(_question_and_answer(self.tokenizer, question, values[k]))
         room = length - sum(map(len, needles)) - sum(len(q) + len(a) for q, a in asks)
-        if room < MIN_GAP + keys:
+        gap = min(MIN_GAP, length // 8)
+        if room < gap + keys:
             return None
         body = text[:room]
-        ends = [end for end in self._sentence_ends(body) if end <= room - MIN_GAP]
-        places = sorted(_place(ends, rng.uniform(0, room - MIN_GAP)) for _ in range(keys))
+        ends = [end for end in self._sentence_ends(body) if end <= room - gap]
+        places = sorted(_place(ends, rng.uniform(0, room - gap)) for _ in range(keys))
         ids, cursor = [], 0
         for place, needle in zip(places, needles, strict=True):
             ids += body[cursor:place] + needle

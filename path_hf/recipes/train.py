@@ -98,13 +98,6 @@ def train(config: RecipeConfig, force: bool = False) -> dict:
 
     student, teacher = load_models(config, plan, accelerator)
     tokenizer = load_tokenizer(plan.student)
-    if getattr(student.config, "local_window", None) is None:
-        for i, stage in enumerate(config.stages):
-            if stage.local_window is not None:
-                raise RecipeError(
-                    f"stages.{i}.local_window sets the window of local layers, and the model has none: convert it as a "
-                    "hybrid (model.convert.local_window, with model.convert.layers the PaTH layers)"
-                )
     # The stages' retrieval blocks by share (a stage's share is drawn per block, with the run's seed).
     retrieval = {
         stage.retrieval: RetrievalBlocks(tokenizer, stage.retrieval, seed=training.seed)
