@@ -143,6 +143,13 @@ class Stage:
     retrieval_weight: float = field(
         default=1.0, metadata=_help("weight of the answers' cross entropy beside the distillation loss")
     )
+    kl_stride: int = field(
+        default=1,
+        metadata=_help(
+            "a distill stage forms the KL at every k-th position only: an estimate at 1/k of the output head's cost "
+            "(on a CPU the head's products and softmax over the vocabulary are most of a small model's step)"
+        ),
+    )
     local_window: list[int] | int | None = field(
         default=None,
         metadata=_help(
@@ -376,6 +383,7 @@ def check_values(config: RecipeConfig) -> None:
     ranges = [  # what a field allows, the test of a value, the fields (None: unset, nothing to check)
         ("positive", lambda value: value > 0, {
             **{f"stages.{i}.tokens": stage.tokens for i, stage in stages},
+            **{f"stages.{i}.kl_stride": stage.kl_stride for i, stage in stages},
             "data.eval_tokens": data.eval_tokens,
             "data.shuffle_buffer": data.shuffle_buffer,
             "training.lora_alpha": training.lora_alpha,

@@ -268,6 +268,7 @@ def train_micro_batch(
                     training.distill_temperature,
                     whole_weights=holds_whole_weights(accelerator),
                     answer_weight=stage.retrieval_weight,
+                    kl_stride=stage.kl_stride,
                 )
             else:
                 loss = lm_loss(model, batch)

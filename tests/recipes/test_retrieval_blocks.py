@@ -146,3 +146,21 @@ def test_refusals(stage, convert, message, tiny_source, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "error:" in err and len(err.strip().splitlines()) == 1
     assert __import__("re").search(message, err), err
+
+
+def test_kl_at_every_kth_position(tokenizer, batch):
+    """`kl_stride` k: the KL of positions k-1, 2k-1, ... only (the mean over them), as the whole KL restricted to
+    them computes it."""
+    torch.manual_seed(0)
+    fields = tiny_fields(tokenizer, num_hidden_layers=2)
+    student = PaTHLlamaForCausalLM(PaTHLlamaConfig(**fields, path_backend="torch")).eval()
+    teacher = PaTHLlamaForCausalLM(PaTHLlamaConfig(**fields, path_layers=[])).eval()
+    plain = {k: v[:2, :64] for k, v in batch.items()}
+    strided = distillation_loss(student, teacher, plain, 1.0, kl_stride=4)
+    with torch.no_grad():
+        rows = [m(plain["input_ids"], position_ids=plain["position_ids"]).logits[:, :-1] for m in (student, teacher)]
+    kept = plain["labels"][:, 1:] != IGNORE_INDEX
+    kept &= torch.arange(63) % 4 == 3
+    kl = F.kl_div(F.log_softmax(rows[0][kept], -1), F.log_softmax(rows[1][kept], -1), log_target=True, reduction="sum")
+    torch.testing.assert_close(strided.detach(), kl / kept.sum(), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(strided, distillation_loss(student, teacher, plain, 1.0))
