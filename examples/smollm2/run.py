@@ -248,8 +248,12 @@ def convert(plan: Plan) -> None:
 
 def train(plan: Plan, recipe_file: Path, recipe: dict, output_dir: Path, threads: int | None) -> None:
     """`accelerate launch recipes/train.py` of `recipe_file`, the GGUF as teacher; `--quick`: two blocks a stage,
-    blocks of the quick window (a quarter of the quick context), training windows of a quarter of that. The run's wall minutes go to `output_dir/run.json`."""
+    blocks of the quick window (a quarter of the quick context), training windows of a quarter of that. The run's wall
+    minutes go to `output_dir/run.json`."""
     shutil.rmtree(output_dir, ignore_errors=True)
+    for row in plan.rows():  # their cells measured the model trained before
+        if row.run == output_dir.name:
+            shutil.rmtree(plan.evals / slug(row.label), ignore_errors=True)
     overrides = [f"model.teacher={plan.gguf}", f"training.output_dir={output_dir}"]
     if recipe_file == RECIPE:  # trains the conversion step's model
         overrides += [f"model.path={plan.converted}", "model.convert={}"]
@@ -446,23 +450,25 @@ def table(results: dict) -> str:
 
 
 def done(plan: Plan, rows: list[Row]) -> dict[str, bool]:
-    """Which steps have their output (the evaluation: every cell of `rows`)."""
-    return {
+    """Which steps have their output (the evaluation: every cell of `rows`, and the models they measured)."""
+    finished = {
         "fetch": plan.gguf.is_file(),
         "baselines": all((path / "config.json").is_file() for path in (plan.streaming, plan.heads)),
         "convert": (plan.converted / "config.json").is_file(),
         "train": (plan.train / "run.json").is_file(),
         "control": (plan.control / "run.json").is_file(),
-        "eval": all(cell.output(plan).is_file() for row in rows for cell in cells(plan, row)),
         "summary": (plan.out / "results.json").is_file(),
     }
+    cells_done = all(cell.output(plan).is_file() for row in rows for cell in cells(plan, row))
+    finished["eval"] = cells_done and all(finished[ROW_NEEDS[row.kind]] for row in rows)
+    return finished
 
 
 def steps_to_run(asked: set[str], finished: dict[str, bool], rows: list[Row]) -> tuple[list[str], list[str]]:
     """The steps to run, in order: those asked for (all unfinished ones when none is) and any unfinished step they
     need (the evaluation of `rows`: what those rows need); and those added as needed."""
     needs = NEEDS | {"eval": tuple(ROW_NEEDS[row.kind] for row in rows), "summary": ("eval",)}
-    wanted = set(asked) if asked else {step for step in STEPS if not finished[step]}
+    wanted = set(asked) if asked else {step for step in STEPS if not finished[step] or step == "summary"}
     added: set[str] = set()
     frontier = list(wanted)
     while frontier:
