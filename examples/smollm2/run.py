@@ -297,8 +297,9 @@ def cells(plan: Plan, row: Row) -> list[Cell]:
         lengths = ",".join(map(str, perplexity["lengths"]))
         made.append(Cell(row, f"ppl-{text}", (*common, "--data", data, "--lengths", lengths, "--max-tokens",
                                               perplexity["max_tokens"])))  # fmt: skip
-        long = perplexity["long_length"]
-        made.append(Cell(row, f"ppl-{text}-{long}", (*common, "--data", data, "--lengths", long, "--max-tokens", long)))
+        if long := perplexity.get("long_length"):  # one window longer than max_tokens
+            flags = (*common, "--data", data, "--lengths", long, "--max-tokens", long)
+            made.append(Cell(row, f"ppl-{text}-{long}", flags))
     haystack = protocol["texts"][retrieval["haystack"]]
     for length in sorted({*map(int, retrieval["passkey"]), *map(int, retrieval["multikey"])}):
         flags = ("--train-length", protocol["train_length"], "--no-perplexity", "--data", haystack, "--lengths", length,
@@ -352,7 +353,7 @@ def chosen_rows(plan: Plan, wanted: str | None) -> list[Row]:
 def evaluate(plan: Plan, rows: list[Row], jobs: int) -> None:
     """Every cell of `rows`, `jobs` processes side by side, the longest first."""
     work = [cell for row in rows for cell in cells(plan, row)]
-    work.sort(key=lambda cell: "32768" not in cell.name and "retrieval" not in cell.name)
+    work.sort(key=lambda cell: "retrieval" not in cell.name)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(lambda cell: evaluate_cell(plan, cell), work))
 
@@ -376,7 +377,8 @@ def row_result(plan: Plan, row: Row) -> dict:
         result["cpu_minutes"][cell.name] = report["cpu_minutes"]
         for length, entry in next(iter(report["models"].values()))["lengths"].items():
             if "ppl" in entry:
-                text = cell.name.removeprefix("ppl-").removesuffix(f"-{plan.protocol['perplexity']['long_length']}")
+                long = plan.protocol["perplexity"].get("long_length")
+                text = cell.name.removeprefix("ppl-").removesuffix(f"-{long}")
                 result["ppl"].setdefault(text, {})[length] = entry["ppl"]
             for kind in ("passkey", "multikey"):
                 if entry.get(kind):
@@ -431,8 +433,9 @@ def _found(cell: dict | None) -> str:
 def table(results: dict) -> str:
     """The README's SmolLM2 table, from results.json."""
     protocol = results["protocol"]
-    texts, long = list(protocol["texts"]), str(protocol["perplexity"]["long_length"])
-    lengths = [str(n) for n in protocol["perplexity"]["lengths"] if n > protocol["train_length"]] + [long]
+    texts, perplexity = list(protocol["texts"]), protocol["perplexity"]
+    lengths = [n for n in perplexity["lengths"] if n > protocol["train_length"]]
+    lengths = [str(n) for n in lengths + ([perplexity["long_length"]] if "long_length" in perplexity else [])]
     passkey = sorted(protocol["retrieval"]["passkey"], key=int)
     multikey = sorted(protocol["retrieval"]["multikey"], key=int)
     header = ["model", "training tokens (min)"]

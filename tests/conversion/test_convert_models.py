@@ -216,11 +216,12 @@ def test_every_config_option_sets_its_config_field(tmp_path, capsys):
     flags = ["--rope", "interleave", "--rope-max-wavelength", "64", "--attn-temperature-scale", "0.25"]
     flags += ["--attn-temperature-length", "16", "--forget-gate", "--forget-gate-bias", "3", "--layers", "0"]
     flags += ["--local-window", "8", "--local-sinks", "2", "--w-rank", "8", "--conv-size", "2", "--init", "identity"]
+    flags += ["--local-full-heads", "1:0"]
     expected = {
         "rope_mode": "interleave", "rope_max_wavelength": 64.0, "path_attn_temperature_scale": 0.25,
         "path_attn_temperature_length": 16, "path_forget_gate": True, "path_forget_gate_bias": 3.0,
         "path_layers": [0], "local_window": 8, "local_sinks": 2, "path_w_rank": 8, "path_conv_size": 2,
-        "path_init": "identity",
+        "path_init": "identity", "local_full_heads": [[1, 0]],
     }  # fmt: skip
     assert set(expected) == set(config_options.values())
     source = make_source(tmp_path / "source", "llama")

@@ -1,40 +1,72 @@
-"""examples/smollm2/run.py resumes an interrupted evaluation step part by part: a part (one checkpoint's `path-hf
-eval` of a pass) is kept when it is a finished evaluation of exactly the models, text, lengths and tokens asked, newer
-than its checkpoint; anything else is evaluated again."""
+"""examples/smollm2/run.py's parts without models: which steps run (and which are added because a named step needs
+them), the cells of a row under the protocol, and a results.json row and the README table made from cell reports."""
 
 import importlib.util
-import os
-import shutil
-import subprocess
+import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
-DATA = Path("examples/default_model/data/eval.jsonl.xz")  # relative, as run.py names its texts
 _spec = importlib.util.spec_from_file_location("smollm2_run", ROOT / "examples" / "smollm2" / "run.py")
 run_py = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = run_py  # dataclasses look their module up while the file executes
 _spec.loader.exec_module(run_py)
 
 
-def test_a_finished_part_is_kept_and_anything_else_evaluated_again(checkpoints, tmp_path):
-    checkpoint = tmp_path / "llama"
-    shutil.copytree(checkpoints["llama"], checkpoint)
-    models = [f"source={checkpoint}", f"source + YaRN={checkpoint}@yarn:1.5"]
-    part = tmp_path / "eval-python-docs-source.part0.json"
-    command = [sys.executable, "-m", "path_hf.cli", "eval", "--data", str(DATA), "--lengths", "32,64", "--no-progress"]
-    command += ["--max-tokens", "128", "--batch-size", "1", "--passkey-trials", "0", "--train-length", "32"]
-    command += ["--output", str(part), *(flag for model in models for flag in ("--model", model))]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
+@pytest.fixture
+def plan(tmp_path):
+    return run_py.Plan(run_py.parse_args(["--output", str(tmp_path / "smollm2"), "--gguf", str(tmp_path / "x.gguf")]))
 
-    assert run_py.finished_part(part, DATA, [32, 64], 128, models)
-    assert not run_py.finished_part(tmp_path / "missing.part0.json", DATA, [32, 64], 128, models)
-    assert not run_py.finished_part(part, DATA, [32, 64, 128], 128, models)  # another length asked
-    assert not run_py.finished_part(part, DATA, [32, 64], 256, models)  # more tokens
-    assert not run_py.finished_part(part, Path("examples/data/austen/eval.jsonl.xz"), [32, 64], 128, models)
-    assert not run_py.finished_part(part, DATA, [32, 64], 128, [models[0], f"{models[1][:-4]}:2"])  # another factor
-    assert not run_py.finished_part(part, DATA, [32, 64], 128, models[:1])  # fewer models
-    # The checkpoint written again after the part (a step rerun): the part is stale.
-    later = part.stat().st_mtime + 10
-    os.utime(checkpoint / "model.safetensors", (later, later))
-    assert not run_py.finished_part(part, DATA, [32, 64], 128, models)
+
+def test_a_named_step_adds_only_the_unfinished_steps_it_needs(plan):
+    rows = plan.rows()
+    finished = dict.fromkeys(run_py.STEPS, False) | {"fetch": True, "baselines": True}
+    order, added = run_py.steps_to_run({"summary"}, finished, [r for r in rows if r.kind == "control"])
+    assert order == ["control", "eval", "summary"] and added == ["control", "eval"]
+    order, added = run_py.steps_to_run({"eval"}, finished, [r for r in rows if r.kind == "streaming"])
+    assert order == ["eval"] and added == []  # the baselines are there
+    order, _ = run_py.steps_to_run({"eval"}, finished, [r for r in rows if r.kind == "path"])
+    assert order == ["convert", "train", "eval"]  # train needs convert: needs are followed through
+    order, _ = run_py.steps_to_run(set(), finished | {"convert": True}, rows)
+    assert order == ["train", "control", "eval", "summary"]  # nothing named: every unfinished step
+
+
+def test_rows_and_cells_follow_the_protocol(plan):
+    rows = plan.rows()
+    assert [row.kind for row in rows if row.shipped] == ["path"] and len({row.label for row in rows}) == len(rows)
+    assert {1024, 2048, 8192} <= {row.local_window or plan.inference_window for row in rows if row.kind == "path"}
+    protocol = plan.protocol
+    names = [cell.name for cell in run_py.cells(plan, rows[0])]
+    assert names == [f"ppl-{text}" for text in protocol["texts"]] + [
+        f"retrieval-{n}" for n in sorted({*protocol["retrieval"]["passkey"], *protocol["retrieval"]["multikey"]})
+    ]
+    retrieval = run_py.cells(plan, rows[0])[-1].flags
+    length = int(names[-1].removeprefix("retrieval-"))
+    assert retrieval[retrieval.index("--passkey-trials") + 1] == protocol["retrieval"]["passkey"].get(length, 0)
+
+
+def test_a_row_and_the_table_come_from_the_cell_reports(plan):
+    row = next(row for row in plan.rows() if row.kind == "source")
+    for cell in run_py.cells(plan, row):
+        lengths = {}
+        if cell.name.startswith("ppl-"):
+            lengths = {str(n): {"ppl": 10.0 + n / 1024} for n in plan.protocol["perplexity"]["lengths"]}
+        else:
+            summary = {"found": 3, "trials": 10, "wilson95": [0.1, 0.6], "nll": 1.5, "by_depth": {"0.1": [0, 2]}}
+            summary |= {"greedy_agrees": 1, "greedy_checked": 1}
+            lengths = {cell.name.removeprefix("retrieval-"): {"passkey": summary, "multikey": None}}
+        cell.output(plan).parent.mkdir(parents=True, exist_ok=True)
+        report = {"models": {row.label: {"lengths": lengths}}, "cpu_minutes": 2.5}
+        cell.output(plan).write_text(json.dumps(report))
+    result = run_py.row_result(plan, row)
+    texts = list(plan.protocol["texts"])
+    assert result["ppl"][texts[0]]["2048"] == 12.0 and result["training_tokens"] == 0
+    length = next(iter(result["passkey"]))
+    assert result["passkey"][length]["found"] == 3 and result["passkey"][length]["greedy"] == [1, 1]
+    assert result["multikey"] == {} and set(result["cpu_minutes"]) == {c.name for c in run_py.cells(plan, row)}
+    table = run_py.table({"protocol": plan.protocol, "rows": [result]}).splitlines()
+    header = [part.strip() for part in table[0].strip("|").split("|")]
+    assert header[:2] == ["model", "training tokens (min)"] and f"passkey {length}" in header
+    assert table[2].startswith("| source | 0 (0) |") and "3/10" in table[2] and "26.00" in table[2]

@@ -443,7 +443,7 @@ def test_a_stage_trains_on_its_own_block_length_and_resumes_exactly(tiny_source,
     micro_batch = train.train_micro_batch
 
     def recording(batch, stage, **kwargs):
-        shapes.append((stage, tuple(batch["input_ids"].shape)))
+        shapes.append((stage.name, tuple(batch["input_ids"].shape)))
         return micro_batch(batch, stage, **kwargs)
 
     monkeypatch.setattr(train, "train_micro_batch", recording)
@@ -477,7 +477,7 @@ def test_a_stage_sets_its_own_activation_checkpointing_and_a_resume_may_change_i
 
     def recording(batch, stage, **kwargs):
         layers = kwargs["model"].model.layers
-        flags.append((stage, {layer.gradient_checkpointing for layer in layers}))
+        flags.append((stage.name, {layer.gradient_checkpointing for layer in layers}))
         return micro_batch(batch, stage, **kwargs)
 
     monkeypatch.setattr(train, "train_micro_batch", recording)
