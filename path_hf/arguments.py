@@ -22,6 +22,7 @@ every list `nargs="+"`, where `--model` repeats; it names each flag after its fi
 from __future__ import annotations
 
 import argparse
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -56,6 +57,17 @@ def argument_type(parse: Callable[[str], typing.Any]) -> Callable[[str], typing.
     return parse_argument
 
 
+def finite_float(text: str) -> float:
+    """A float flag's value: a number, never NaN or infinite (a NaN option writes a NaN model without a word)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"must be a finite number, got {text}")
+    return value
+
+
 def _value_type(kind):
     """`X` of `X | None`, and the item type of `list[X]`."""
     if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
@@ -77,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser, options_class: type) -> None:
         if hints[option.name] is bool:
             kwargs["action"] = "store_false" if meta.get("negate") else "store_true"
         else:
-            kwargs["type"] = argument_type(meta.get("parse", _value_type(hints[option.name])))
+            value_type = _value_type(hints[option.name])
+            kwargs["type"] = argument_type(meta.get("parse", finite_float if value_type is float else value_type))
             if default is MISSING and not meta.get("positional"):
                 kwargs["required"] = True
             elif default is not MISSING:
@@ -151,6 +164,8 @@ def _convert(value, kind, name: str, error: type[Exception]):
         except ValueError:
             raise error(f"{name} must be {kind.__name__}, got {value!r}") from None
     if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise error(f"{name} must be a finite number, got {value!r}")
         return float(value)
     if kind is int and isinstance(value, float) and value.is_integer():
         return int(value)  # 1e6 tokens

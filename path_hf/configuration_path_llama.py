@@ -85,12 +85,15 @@ def check_path_fields(values: Mapping[str, Any], name: Callable[..., str] = _con
         if not (math.isfinite(wavelength) and wavelength > 0):
             raise ValueError(f"{name('rope_max_wavelength')} must be a positive number of tokens, got {wavelength:g}.")
     scale, length = values["path_attn_temperature_scale"], values["path_attn_temperature_length"]
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale >= 0:
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale >= 0):
         raise ValueError(
             f"{name('path_attn_temperature_scale')} must be a number >= 0 (0 turns the temperature off), got {scale!r}."
         )
     if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
         raise ValueError(f"{name('path_attn_temperature_length')} must be a positive number of tokens, got {length!r}.")
+    bias = values["path_forget_gate_bias"]
+    if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+        raise ValueError(f"{name('path_forget_gate_bias')} must be a finite number, got {bias!r}.")
     if values["path_init"] not in PATH_INITS:
         raise ValueError(f"{name('path_init')} must be one of {PATH_INITS}, got {values['path_init']!r}.")
     if values["path_conv_size"] < 0:

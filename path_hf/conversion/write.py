@@ -102,7 +102,14 @@ def write_conversion(plan: ConversionPlan, directory: Path) -> None:
                         if tensor.layer != new_layer:  # the first new tensor of a layer: make them all
                             new_layer = tensor.layer
                             new_tensors = init_new_parameters(config, new_layer, options.seed)
-                        writer.write_tensor(tensor, new_tensors[tensor.parameter].to(tensor.dtype))
+                        data = new_tensors[tensor.parameter].to(tensor.dtype)
+                        if (found := count_nonfinite(tensor.name, value_chunks(data))) is not None:
+                            raise ConversionError(  # made by this conversion: no source to blame or allow
+                                f"the new tensor {tensor.name!r} holds {found.describe()}: the PaTH options of "
+                                "this conversion give a model that computes NaN; check them (--forget-gate-bias, "
+                                "--init, --dtype)."
+                            )
+                        writer.write_tensor(tensor, data)
                     elif tensor.source.offset is not None and tensor.dtype == tensor.source.dtype:
                         finite(tensor, reader.chunks(tensor.source))  # read now, copied from the page cache
                         writer.copy_tensor(tensor, reader.raw_file(tensor.source), tensor.source.offset)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from path_hf.cli import main
 from tests.conversion.checkpoints import make_source, read_tensors, run_cli
 
 NAME = "model.layers.1.mlp.up_proj.weight"  # [96, 64]: 6,144 values
@@ -102,3 +103,43 @@ def test_count_nonfinite_across_chunks(tmp_path, dtype):
     assert (found.nan, found.inf, found.numel) == (3, 3, 1000)
     assert count_nonfinite("t", value_chunks(values.to(dtype), chunk_bytes=24)) == found
     assert count_nonfinite("i", value_chunks(torch.arange(10))) is None
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("flags", [["--forget-gate", "--forget-gate-bias"], ["--attn-temperature-scale"]])
+def test_a_non_finite_option_is_refused(tmp_path, capsys, flags, value):
+    """A NaN or infinite float option would write a model that computes NaN: refused by the flag, nothing written."""
+    source = make_source(tmp_path / "source", "llama")
+    output = tmp_path / "converted"
+    with pytest.raises(SystemExit) as stopped:
+        main(["convert", "--from", str(source), "--to", str(output), *flags[:-1], f"{flags[-1]}={value}"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and f"argument {flags[-1]}: must be a finite number, got {value}" in err, err
+    assert not output.exists()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_non_finite_wavelength_is_refused(tmp_path, capsys, value):
+    """`--rope-max-wavelength` also takes the word `context`, so its number is checked with the config's fields."""
+    source = make_source(tmp_path / "source", "llama")
+    assert_refused(capsys, tmp_path, source, "--rope", "keep", f"--rope-max-wavelength={value}",
+                   message=f"--rope-max-wavelength must be a positive number of tokens, got {value}")  # fmt: skip
+
+
+def test_a_non_finite_value_in_a_recipe_is_refused():
+    """The recipes' YAML (and `key=value` overrides) read through the same options: `.nan` is refused by name."""
+    from path_hf.arguments import from_mapping
+    from path_hf.conversion.options import ConvertOptions
+
+    for key, value in (("forget_gate_bias", float("nan")), ("attn_temperature_scale", float("inf"))):
+        with pytest.raises(ValueError, match=f"model.convert.{key} must be a finite number"):
+            from_mapping(ConvertOptions, {"source": "S", "output": "O", key: value}, "model.convert")
+
+
+def test_a_new_tensor_that_overflows_its_dtype_is_refused(tmp_path, capsys):
+    """The tensors the conversion adds are checked as the copied ones are: a finite forget-gate bias beyond float16's
+    range becomes Inf in a float16 conversion, and no --allow-nonfinite lets it through."""
+    source = make_source(tmp_path / "source", "llama")
+    flags = ["--forget-gate", "--forget-gate-bias", "1e6", "--dtype", "float16"]
+    err = assert_refused(capsys, tmp_path, source, *flags, message="the new tensor")
+    assert "holds" in err and "Inf" in err
