@@ -14,20 +14,31 @@ from pathlib import Path
 
 
 @contextmanager
-def atomic_file(path: str | Path) -> Iterator[Path]:
+def atomic_file(path: str | Path, exclusive: bool = False) -> Iterator[Path]:
     """A temporary path beside `path` for the block to write, renamed onto `path` if the block succeeds (with the
-    permissions of any new file) and deleted if it fails or is interrupted."""
+    permissions of any new file) and deleted if it fails or is interrupted. With `exclusive`, a `path` that exists by
+    then (made by another process meanwhile) is never replaced: `FileExistsError`, and the written file is kept under
+    its temporary name, which the error gives (`filename2`)."""
     target = Path(path)
     handle, tmp = tempfile.mkstemp(dir=target.resolve().parent, prefix=f".{target.name}.", suffix=target.suffix)
     os.close(handle)
+    keep = False
     try:
         yield Path(tmp)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private
-        os.replace(tmp, target)
+        if exclusive:
+            try:
+                os.link(tmp, target)  # fails if `target` exists, atomically
+            except FileExistsError as error:
+                keep = True
+                raise FileExistsError(error.errno, f"{target} exists", str(target), None, tmp) from None
+        else:
+            os.replace(tmp, target)
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        if not keep:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def replace_directory(staging: Path, target: Path, old: Path, sync: bool = False) -> None:

@@ -923,16 +923,22 @@ def run_eval(options: EvalOptions) -> dict:
         }
     report["train_length"] = common_train_length(report["models"].values())
     print(format_table(report))
-    if options.output:
-        with atomic_file(options.output) as tmp:
-            tmp.write_text(json.dumps(report, indent=2) + "\n")
-    if options.plot:
-        ppl = {
-            label: {int(n): entry["ppl"] for n, entry in record["lengths"].items() if _finite_ppl(entry)}
-            for label, record in report["models"].items()
-        }
-        with atomic_file(options.plot) as tmp:
-            plot_lengths(ppl, tmp, report["train_length"])
+    try:  # without --force, an output that another run made meanwhile is kept, and so are these results
+        if options.output:
+            with atomic_file(options.output, exclusive=not options.force) as tmp:
+                tmp.write_text(json.dumps(report, indent=2) + "\n")
+        if options.plot:
+            ppl = {
+                label: {int(n): entry["ppl"] for n, entry in record["lengths"].items() if _finite_ppl(entry)}
+                for label, record in report["models"].items()
+            }
+            with atomic_file(options.plot, exclusive=not options.force) as tmp:
+                plot_lengths(ppl, tmp, report["train_length"])
+    except FileExistsError as error:
+        raise EvaluationError(
+            f"{error.filename} was written by another process while this evaluation ran; this one's is kept in "
+            f"{error.filename2}: rename it, or pass --force to replace the file"
+        ) from None
     return report
 
 

@@ -281,3 +281,28 @@ def test_model_specs_and_lengths():
 def test_the_stream_is_the_recipes(tokenizer):
     """One implementation: `tokenize_stream` is what the recipes evaluate on."""
     assert tokenize_stream(read_texts([EVAL_DATA]), tokenizer, MAX_TOKENS) == stream_of(tokenizer)
+
+
+def test_an_output_made_by_another_run_meanwhile_is_kept(checkpoints, tmp_path, monkeypatch, capsys):
+    """Two runs with one --output: the file that the other run wrote while this one measured is not replaced (the
+    check at the start cannot see it); this run's results are kept beside it, named in a one-line error."""
+    import path_hf.commands.eval as eval_command
+
+    output = tmp_path / "eval.json"
+    table = eval_command.format_table
+
+    def other_run_finishes_first(report):
+        output.write_text('{"models": {"other": {}}}\n')
+        return table(report)
+
+    monkeypatch.setattr(eval_command, "format_table", other_run_finishes_first)
+    code = run_eval("--model", checkpoints["llama"], "--lengths", "32", "--max-tokens", 64, "--output", output)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and json.loads(output.read_text()) == {"models": {"other": {}}}
+    assert err[-1].startswith(f"error: {output} was written by another process while this evaluation ran")
+    kept = Path(err[-1].split("this one's is kept in ")[1].split(":")[0])
+    assert kept.parent == tmp_path and list(json.loads(kept.read_text())["models"]) == ["llama"]
+    # With --force the file is replaced.
+    assert run_eval("--model", checkpoints["llama"], "--lengths", "32", "--max-tokens", 64, "--output", output,
+                    "--force") == 0  # fmt: skip
+    assert list(json.loads(output.read_text())["models"]) == ["llama"]
