@@ -34,6 +34,7 @@ from transformers.utils import CONFIG_NAME
 from .errors import SourceError, first_line
 
 GGUF_SUFFIX = ".gguf"
+_NAMED_KEYS = 3  # missing weights named in a refusal
 DEFAULT_GGUF_DTYPE = torch.float32
 
 
@@ -55,10 +56,20 @@ def load_tokenizer(source: str, trust_remote_code: bool = False):
 def load_causal_lm(source: str, dtype: torch.dtype | str, trust_remote_code: bool = False) -> PreTrainedModel:
     """The causal LM of `source` at `dtype` (`"auto"`: a checkpoint's own dtype); a GGUF becomes a plain model of its
     architecture (the whole model dequantised in memory at `dtype`, a torch dtype), the model `path-hf convert`
-    converts from."""
+    converts from. A checkpoint that lacks weights of its model raises `SourceError` naming them."""
     if (gguf_path := find_gguf(source)) is not None:
         return load_gguf_model(GGUFFile.read(gguf_path), dtype)
-    return AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
+    model, info = AutoModelForCausalLM.from_pretrained(
+        source, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True
+    )
+    if missing := sorted(info["missing_keys"]):  # transformers would start them from random values, with a warning
+        more = f" and {len(missing) - _NAMED_KEYS} more" if len(missing) > _NAMED_KEYS else ""
+        named = ", ".join(missing[:_NAMED_KEYS]) + more
+        raise SourceError(
+            f"{len(missing)} weight(s) of the model are missing from the checkpoint ({named}): it is "
+            "incomplete or of another architecture: convert or download it again"
+        )
+    return model
 
 
 def find_gguf(source: str, gguf_file: str | None = None) -> Path | None:

@@ -306,3 +306,24 @@ def test_an_output_made_by_another_run_meanwhile_is_kept(checkpoints, tmp_path, 
     assert run_eval("--model", checkpoints["llama"], "--lengths", "32", "--max-tokens", 64, "--output", output,
                     "--force") == 0  # fmt: skip
     assert list(json.loads(output.read_text())["models"]) == ["llama"]
+
+
+@pytest.mark.parametrize("dropped", ["model.layers.1.self_attn.q_proj.weight", "w_proj"])
+def test_a_checkpoint_with_missing_weights_is_refused(checkpoints, tmp_path, capsys, dropped):
+    """A converted checkpoint without one projection, or without every PaTH tensor, would be scored with random
+    weights in their place: refused, the missing weights named."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(checkpoints["path"], damaged)
+    tensors = load_file(damaged / "model.safetensors")
+    removed = sorted(name for name in tensors if dropped in name)
+    assert removed
+    save_file({k: v for k, v in tensors.items() if k not in removed}, damaged / "model.safetensors", {"format": "pt"})
+    output = tmp_path / "eval.json"
+    assert run_eval("--model", damaged, "--lengths", "32", "--max-tokens", 64, "--output", output) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"error: --model {damaged}: {len(removed)} weight(s) of the model are missing"), err
+    assert removed[0] in err and not output.exists()
