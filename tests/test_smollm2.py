@@ -37,7 +37,7 @@ def test_the_smollm2_pipeline_on_a_tiny_gguf(tmp_path):
     # One row per model, of the schema's kinds, exactly one shipped: the trained hybrid at its own window.
     rows = results["rows"]
     assert [row["kind"] for row in rows] == KINDS
-    assert [row["label"] for row in rows if row["shipped"]] == ["PaTH hybrid (window 16)"]
+    assert [row["label"] for row in rows if row["shipped"]] == ["PaTH hybrid + YaRN (window 16)"]
     for row in rows:
         assert set(row) >= {"label", "kind", "shipped", "recipe_minutes", "training_tokens", "ppl", "passkey"}
         assert set(row["ppl"]) == set(texts) and all(set(ppl) == {"64", "128", "256"} for ppl in row["ppl"].values())
@@ -76,7 +76,7 @@ def test_the_smollm2_pipeline_on_a_tiny_gguf(tmp_path):
     # Each step is shown as the command a user would type; the table is printed; reports name relative files.
     for command in ("$ path-hf convert --from", "$ accelerate launch --cpu", "--full-heads", "--verify"):
         assert command in completed.stdout
-    assert "| **PaTH hybrid (window 16)** (shipped) |" in completed.stdout
+    assert "| **PaTH hybrid + YaRN (window 16)** (shipped) |" in completed.stdout
     for report_file in (out / "eval").rglob("*.json"):
         assert not any(Path(name).is_absolute() for name in json.loads(report_file.read_text())["data"]), report_file
 

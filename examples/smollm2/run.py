@@ -198,8 +198,10 @@ class Plan:
 
     def rows(self) -> list[Row]:
         """The rows of results.json. The shipped model at its own window, and at the other inference windows the
-        issue asks for (evaluation-time windows, the same weights)."""
-        path = str(self.train / "final")
+        issue asks for (evaluation-time windows, the same weights). The trained hybrids keep RoPE under PaTH in their
+        global layers, so past the context they run with YaRN there, as the source does (`@yarn`: fitted to each
+        length; the local layers' distances never pass the window)."""
+        path = f"{self.train / 'final'}@yarn"
         own = self.inference_window
         windows = sorted({1024, 2048, 8192} - {own}) if not self.quick else []
         rows = [
@@ -207,10 +209,10 @@ class Plan:
             Row("source + YaRN", "source+yarn", f"{self.gguf}@yarn"),
             Row(f"StreamingLLM (window {self.context}, {SINKS} sinks)", "streaming", str(self.streaming)),
             Row("retrieval heads + YaRN (no training)", "heads", f"{self.heads}@yarn"),
-            Row("control (no training window)", "control", str(self.control / "final"), run="control"),
-            Row(f"PaTH hybrid (window {own})", "path", path, shipped=True, run="train"),
+            Row("control + YaRN (no training window)", "control", f"{self.control / 'final'}@yarn", run="control"),
+            Row(f"PaTH hybrid + YaRN (window {own})", "path", path, shipped=True, run="train"),
         ]
-        rows += [Row(f"PaTH hybrid (window {w})", "path", path, local_window=w, run="train") for w in windows]
+        rows += [Row(f"PaTH hybrid + YaRN (window {w})", "path", path, local_window=w, run="train") for w in windows]
         return rows
 
 
