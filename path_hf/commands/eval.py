@@ -480,8 +480,8 @@ def _has_tokenizer_files(directory: Path) -> bool:
 
 def check_model(spec: ModelSpec, options: EvalOptions):
     """Refuse, before any weights are loaded, a `--model` whose config is an encoder-decoder, a RoPE scaling without
-    a training length, and a local checkpoint directory without tokenizer files (a GGUF carries its own tokenizer).
-    Returns the model's config."""
+    a training length or of a model without RoPE, and a local checkpoint directory without tokenizer files (a GGUF
+    carries its own tokenizer). Returns the model's config."""
     from ..loading import find_gguf, load_config
 
     with _loading("--model", spec.path):
@@ -492,6 +492,13 @@ def check_model(spec: ModelSpec, options: EvalOptions):
         )
     if spec.rope_scaling and not _train_length(config, options.train_length):
         raise EvaluationError(f"--model {spec.label}: RoPE scaling needs the training length: pass --train-length")
+    if spec.rope_scaling:  # a model without RoPE has nothing to scale: refused now, not after loading it
+        from ..evaluation import rope_parameters_for
+
+        try:
+            rope_parameters_for(config, spec.rope_scaling, max(1.0, spec.rope_factor or 1.0))
+        except ValueError as error:
+            raise EvaluationError(f"--model {spec.label}: @{spec.rope_scaling}: {error}") from error
     flag, source = _tokenizer_source(spec, options)
     directory = Path(source).expanduser()
     if not directory.is_dir():

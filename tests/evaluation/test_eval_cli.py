@@ -327,3 +327,16 @@ def test_a_checkpoint_with_missing_weights_is_refused(checkpoints, tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"error: --model {damaged}: {len(removed)} weight(s) of the model are missing"), err
     assert removed[0] in err and not output.exists()
+
+
+def test_yarn_on_a_model_without_rope_is_refused_before_anything_runs(checkpoints, tmp_path, capsys):
+    """`@yarn` on a model whose every layer drops RoPE scales nothing: refused before any model is evaluated, also
+    when the unscaled model comes first (which would otherwise be measured and then copied into a `+yarn` row)."""
+    path = checkpoints["path"]
+    assert json.loads((path / "config.json").read_text())["rope_mode"] == "drop"
+    output = tmp_path / "eval.json"
+    code = run_eval("--model", f"plain={path}", "--model", f"scaled={path}@yarn", "--lengths", "32,64",
+                    "--max-tokens", 64, "--output", output)  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1 and "error: --model scaled: @yarn: " in err and "uses no RoPE" in err, err
+    assert "ppl" not in err and not output.exists()  # nothing was measured
