@@ -499,6 +499,12 @@ def check_model(spec: ModelSpec, options: EvalOptions):
             rope_parameters_for(config, spec.rope_scaling, max(1.0, spec.rope_factor or 1.0))
         except ValueError as error:
             raise EvaluationError(f"--model {spec.label}: @{spec.rope_scaling}: {error}") from error
+    if options.local_window is not None and getattr(config, "local_window", None) is None:
+        raise EvaluationError(
+            f"--local-window {options.local_window}: --model {spec.label} has no local layers (no local_window in "
+            "its config): leave the option out, or give a hybrid (path-hf convert --local-window)"
+        )
+    _check_finite_weights(spec)
     flag, source = _tokenizer_source(spec, options)
     directory = Path(source).expanduser()
     if not directory.is_dir():
@@ -512,6 +518,25 @@ def check_model(spec: ModelSpec, options: EvalOptions):
             f"{advice}"
         )
     return config
+
+
+def _check_finite_weights(spec: ModelSpec) -> None:
+    """Refuse a local safetensors checkpoint whose tensors hold NaN or Inf (its logits would be NaN, and the causality
+    check would call it bidirectional), naming the first such tensor: read here, before any model is evaluated."""
+    import torch
+    from safetensors import safe_open
+
+    directory = Path(spec.path).expanduser()
+    for file in sorted(directory.glob("*.safetensors")) if directory.is_dir() else []:
+        with safe_open(file, framework="pt") as weights:
+            for name in weights.keys():  # noqa: SIM118 (a safe_open handle is not a mapping)
+                tensor = weights.get_tensor(name)
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    bad = int((~torch.isfinite(tensor)).sum())
+                    raise EvaluationError(
+                        f"--model {spec.path}: tensor {name!r} of {file.name} holds {bad:,} NaN or Inf value(s) of "
+                        f"{tensor.numel():,}: the checkpoint is damaged; convert or train it again"
+                    )
 
 
 @dataclass(frozen=True)
@@ -775,12 +800,7 @@ def evaluate_model(
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     stream = tokens.stream
     model = _model(spec, options, device)
-    if options.local_window is not None:
-        if getattr(model.config, "local_window", None) is None:
-            raise EvaluationError(
-                f"--local-window {options.local_window}: --model {spec.label} has no local layers (no local_window in "
-                "its config): leave the option out, or give a hybrid (path-hf convert --local-window)"
-            )
+    if options.local_window is not None:  # a model with local layers (check_model)
         model.config.local_window = options.local_window  # the local layers read it at every forward
     # the embeddings themselves, for a config that does not state their number
     _check_vocabulary(spec, options, tokens, model.get_input_embeddings().num_embeddings)

@@ -340,3 +340,23 @@ def test_yarn_on_a_model_without_rope_is_refused_before_anything_runs(checkpoint
     err = capsys.readouterr().err
     assert code == 1 and "error: --model scaled: @yarn: " in err and "uses no RoPE" in err, err
     assert "ppl" not in err and not output.exists()  # nothing was measured
+
+
+def test_nan_weights_are_named_before_any_model_is_evaluated(checkpoints, tmp_path, capsys):
+    """NaN in a PaTH layer: the tensor is named (not 'attends in both directions'), and the model given first is
+    not evaluated before the refusal."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(checkpoints["path"], damaged)
+    tensors = load_file(damaged / "model.safetensors")
+    name = next(name for name in sorted(tensors) if "w_proj" in name)
+    tensors[name].view(-1)[:2] = float("nan")
+    save_file(tensors, damaged / "model.safetensors", {"format": "pt"})
+    code = run_eval("--model", f"good={checkpoints['llama']}", "--model", f"bad={damaged}", "--lengths", "32",
+                    "--max-tokens", 64)  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1 and f"error: --model {damaged}: tensor {name!r} of model.safetensors holds 2 NaN" in err, err
+    assert "ppl" not in err and "both directions" not in err
