@@ -17,7 +17,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +26,7 @@ from pathlib import Path
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME
 
 from ..errors import ConversionError
+from ..locking import HOST, LockHeld, acquire_lock, release_lock
 from .options import format_size
 
 try:
@@ -41,7 +41,6 @@ _DISK_MARGIN_FIXED = 128 * 2**10
 # Directories a conversion writes beside DST: the output being written (tmp), a GGUF materialised as a checkpoint
 # (gguf), a replaced DST being deleted (old). Named `.DST.KIND-HOST-PID-TOKEN`.
 STAGING_KINDS = ("tmp", "gguf", "old")
-_HOST = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "localhost"
 # The destinations whose lock this process holds (`destination_lock`), and how many blocks hold each.
 _held_locks: dict[Path, int] = {}
 
@@ -159,7 +158,7 @@ def check_disk_space(output: Path, needed: int) -> None:
 def staging_directory(output: Path, kind: str) -> Path:
     """A new path beside `output` for a directory a conversion to `output` writes (`kind`, one of `STAGING_KINDS`),
     naming this host and process: `.DST.KIND-HOST-PID-TOKEN`."""
-    return output.with_name(f".{output.name}.{kind}-{_HOST}-{os.getpid()}-{secrets.token_hex(4)}")
+    return output.with_name(f".{output.name}.{kind}-{HOST}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
 @dataclass(frozen=True)
@@ -175,7 +174,7 @@ class StagingDirectory:
     def state(self) -> str:
         """`dead`: its process, on this host, no longer runs. `running`: it does (or its pid was reused).
         `unknown`: another host's."""
-        if self.host != _HOST or os.name != "posix":  # Windows' os.kill would end the process
+        if self.host != HOST or os.name != "posix":  # Windows' os.kill would end the process
             return "unknown"
         try:
             os.kill(self.pid, 0)
@@ -234,7 +233,7 @@ def find_staging(output: Path) -> list[StagingDirectory]:
         for path in sorted(output.parent.iterdir())
         if (named := pattern.fullmatch(path.name)) and path.is_dir() and not path.is_symlink()
     ]
-    return [directory for directory in found if not (directory.host == _HOST and directory.pid == os.getpid())]
+    return [directory for directory in found if not (directory.host == HOST and directory.pid == os.getpid())]
 
 
 def clear_stale_staging(output: Path, remove: bool = True) -> None:
@@ -298,8 +297,7 @@ def destination_lock(output: Path, create_parent: bool = True) -> Iterator[None]
             del _held_locks[output]
             # Removed while still locked: a process that opened it meanwhile finds it gone once it gets the lock, and
             # starts again with a new file (`_lock`).
-            lock_file(output).unlink(missing_ok=True)
-            os.close(fd)
+            release_lock(lock_file(output), fd)
     except BaseException:
         for directory in reversed(created):
             with contextlib.suppress(OSError):  # no longer empty: someone else's now
@@ -315,50 +313,26 @@ def _make_directories(directory: Path) -> list[Path]:
 
 
 def _lock(path: Path, output: Path) -> int | None:
-    """An open descriptor of `path` that this process holds `flock`ed, `path` naming it; None (with a warning) where
-    the file system cannot lock."""
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as error:
-            raise ConversionError(
-                f"cannot open or create the lock file {path} ({error.strerror}); --to must be in a folder you can "
-                "write to."
-            ) from error
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _lock_holder(fd)
-            os.close(fd)
-            raise ConversionError(
-                f"another conversion to {output} is running ({holder}, holding {path}); wait for it to end, or "
-                "choose another --to."
-            ) from None
-        except OSError as error:  # ENOLCK, EOPNOTSUPP: a file system without locks
-            os.close(fd)
-            print(
-                f"warning: cannot lock {path} ({error.strerror}): another conversion to {output.name} could run at "
-                "the same time",
-                file=sys.stderr,
-                flush=True,
-            )
-            return None
-        try:
-            current = os.stat(path)
-        except FileNotFoundError:
-            current = None
-        # The holder before us may have removed the file between our open and our lock: ours is then no one's.
-        if current is not None and os.path.samestat(current, os.fstat(fd)):
-            os.ftruncate(fd, 0)
-            os.write(fd, f"process {os.getpid()} on host {_HOST}\n".encode())
-            return fd
-        os.close(fd)
-
-
-def _lock_holder(fd: int) -> str:
-    """Who holds the lock file open as `fd`, as it wrote there: `process 123 on host node1`."""
-    written = os.pread(fd, 256, 0).decode(errors="replace").strip()
-    return written if re.fullmatch(r"process \d+ on host \S+", written) else "a process that has not named itself yet"
+    """An open descriptor of `path` that this process holds locked (`acquire_lock`); None (with a warning) where the
+    file system cannot lock."""
+    try:
+        fd = acquire_lock(path)
+    except LockHeld as held:
+        raise ConversionError(
+            f"another conversion to {output} is running ({held.holder}, holding {path}); wait for it to end, or "
+            "choose another --to."
+        ) from None
+    except OSError as error:
+        raise ConversionError(
+            f"cannot open or create the lock file {path} ({error.strerror}); --to must be in a folder you can write to."
+        ) from error
+    if fd is None:
+        print(
+            f"warning: cannot lock {path}: another conversion to {output.name} could run at the same time",
+            file=sys.stderr,
+            flush=True,
+        )
+    return fd
 
 
 __all__ = [

@@ -14,6 +14,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
@@ -25,6 +27,7 @@ from safetensors import SafetensorError, safe_open
 
 from ..atomic import replace_directory
 from ..errors import RecipeError, first_line
+from ..locking import LockHeld, acquire_lock, release_lock
 from .arguments import RecipeConfig, TrainingArguments, flatten
 from .data import eval_length_names
 from .schedule import StagePlan, planned_steps, tokens_before
@@ -104,6 +107,40 @@ def check_output_dir(training: TrainingArguments, force: bool) -> list[Path]:
             "--force (deletes those, keeps converted/)"
         )
     return found if force else []
+
+
+# The lock of a training run on its output_dir: one run at a time writes there.
+RUN_LOCK = ".lock"
+
+
+@contextmanager
+def output_dir_lock(output_dir: Path) -> Iterator[None]:
+    """Hold `output_dir/.lock` for the block (`path_hf.locking`: released however the process ends), or refuse,
+    naming the process that holds it: two runs in one folder would write the same checkpoints and logs. Taken by the
+    launch's main process (RANK 0); the others run inside its lock. A folder made for the lock is removed again if the
+    block leaves it empty."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
+    made = not output_dir.exists()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / RUN_LOCK
+    try:
+        fd = acquire_lock(path)
+    except LockHeld as held:
+        raise RecipeError(
+            f"training.output_dir {output_dir} is in use by another training run ({held.holder}): wait for it to "
+            "end, or choose another training.output_dir"
+        ) from None
+    except OSError as error:
+        raise RecipeError(f"training.output_dir {output_dir}: cannot create its lock file ({error.strerror})") from None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            release_lock(path, fd)
+        if made and not any(output_dir.iterdir()):
+            output_dir.rmdir()
 
 
 def delete_earlier_run(outputs: list[Path], output_dir: Path, accelerator: Accelerator) -> None:

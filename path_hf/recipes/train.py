@@ -44,6 +44,7 @@ from .checkpoints import (
     delete_earlier_run,
     follow_launcher,
     latest_checkpoint,
+    output_dir_lock,
     read_checkpoint,
     recorded_config,
     restore_checkpoint,
@@ -70,10 +71,16 @@ from .tracking import RUN_NAME, RecoveryTracker, TrainingLog, flat_config, track
 def train(config: RecipeConfig, force: bool = False) -> dict:
     """Run the recipe; returns what `recovery.json` holds. `force`: clear the outputs of an earlier run in
     `training.output_dir` first (`--force`)."""
+    output_dir = Path(config.training.output_dir)
+    # Everything that can be refused is checked before the first model is loaded or converted.
+    earlier_outputs = check_output_dir(config.training, force)
+    with output_dir_lock(output_dir):
+        return _train(config, earlier_outputs)
+
+
+def _train(config: RecipeConfig, earlier_outputs: list[Path]) -> dict:
     data_args, training = config.data, config.training
     output_dir = Path(training.output_dir)
-    # Everything that can be refused is checked before the first model is loaded or converted.
-    earlier_outputs = check_output_dir(training, force)
     plan = plan_models(config)
     documents, eval_texts = load_documents(data_args)
 

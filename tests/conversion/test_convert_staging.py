@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import path_hf.conversion.staging
+import path_hf.locking
 from tests.conversion.checkpoints import make_source, run_cli
 from tests.conversion.gguf_files import tiny_model, write_gguf
 from tests.processes import communicate, environment, group
@@ -81,7 +82,7 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path):
 def test_a_second_conversion_to_the_same_destination_is_refused(tmp_path, capsys):
     source = make_source(tmp_path / "source", "llama")
     output = tmp_path / "converted"
-    host = path_hf.conversion.staging._HOST
+    host = path_hf.locking.HOST
     with held_conversion(tmp_path, source, output) as first:
         held = staging_names(tmp_path)
         assert (tmp_path / ".converted.lock").read_text() == f"process {first.pid} on host {host}\n"
@@ -111,7 +112,7 @@ def test_the_lock_of_a_killed_conversion_holds_nothing(tmp_path, capsys):
         first.kill()
         first.wait()
     left = staging_names(tmp_path)
-    assert left[0] == ".converted.lock" and left[1].startswith(f".converted.tmp-{path_hf.conversion.staging._HOST}-")
+    assert left[0] == ".converted.lock" and left[1].startswith(f".converted.tmp-{path_hf.locking.HOST}-")
     code, out, err = run_cli(capsys, "convert", "--from", source, "--to", output)
     assert code == 0, err
     assert f"removed stale staging directory {tmp_path / left[1]} (" in out
@@ -135,7 +136,7 @@ def test_a_lock_file_removed_before_it_was_locked_is_made_anew(tmp_path, monkeyp
     monkeypatch.setattr(fcntl, "flock", flock_then_removed)
     with path_hf.conversion.staging.destination_lock(output):
         assert len(locked) == 2 and os.path.samestat(lock.stat(), locked[1])
-        assert lock.read_text() == f"process {os.getpid()} on host {path_hf.conversion.staging._HOST}\n"
+        assert lock.read_text() == f"process {os.getpid()} on host {path_hf.locking.HOST}\n"
         with path_hf.conversion.staging.destination_lock(output):  # nested: shared (`gguf_source` inside `convert`)
             assert len(locked) == 2
         assert lock.exists()
@@ -166,7 +167,7 @@ def running_process():
 
 def test_stale_staging_of_a_dead_process_is_removed(tmp_path, capsys, running_process):
     source = make_source(tmp_path / "source", "llama")
-    host = path_hf.conversion.staging._HOST
+    host = path_hf.locking.HOST
     dead = [
         plant(tmp_path / f".converted.tmp-{host}-{finished_process_id()}-0123abcd"),
         plant(tmp_path / f".converted.gguf-{host}-{finished_process_id()}-4567cdef"),
@@ -214,7 +215,7 @@ def test_small_model_on_a_small_file_system(tmp_path, capsys, monkeypatch):
 
 def test_free_space_counts_stale_staging_and_names_what_other_conversions_hold(tmp_path, capsys, monkeypatch):
     source = make_source(tmp_path / "source", "llama")
-    host = path_hf.conversion.staging._HOST
+    host = path_hf.locking.HOST
     stale = plant(tmp_path / f".converted.tmp-{host}-{finished_process_id()}-0123abcd", 400_000)
     # 529 KB to write + a 161 KB margin: short of 690 KB without the 400 KB of the dead process's directory.
     monkeypatch.setattr(path_hf.conversion.staging.shutil, "disk_usage", lambda path: usage(10**6, 0, 400_000))

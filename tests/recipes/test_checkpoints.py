@@ -369,3 +369,26 @@ def test_resume_may_change_the_cadence_the_output_dir_and_the_last_stage_tokens(
         f"error: stages.0.tokens 64 ends the run at step 1, before step 4, which {checkpoint} reached: give it at "
         "least 256 (a resume may make the last stage longer or shorter, not end before the step reached)\n"
     )
+
+
+def test_a_second_run_in_an_output_dir_in_use_is_refused_naming_the_first(tiny_source, finished_run, tmp_path, capsys):
+    """While one run holds its output_dir (its lock, as every run does while it trains), another one there, resuming
+    or not, is refused before it writes anything, and the holder is named; once the first ends, it runs."""
+    import os
+
+    from path_hf.locking import acquire_lock, release_lock
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run, run_dir)
+    config = recipe_config(tiny_source, run_dir, training={"save_every": 1, "resume": True})
+    before = {path: path.stat().st_mtime_ns for path in run_dir.rglob("*")}
+    fd = acquire_lock(run_dir / ".lock")
+    try:
+        capsys.readouterr()
+        assert run_recipe(config, tmp_path) == 1
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"is in use by another training run (process {os.getpid()} on host " in err, err
+        assert {path: path.stat().st_mtime_ns for path in run_dir.rglob("*") if path.name != ".lock"} == before
+    finally:
+        release_lock(run_dir / ".lock", fd)
+    assert run_recipe(config, tmp_path) == 0 and not (run_dir / ".lock").exists()
