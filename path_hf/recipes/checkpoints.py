@@ -7,6 +7,7 @@ the refusal to start anew over an earlier run, and stopping at the end of a step
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import shutil
@@ -44,6 +45,28 @@ class RunState:
     source_ppl: dict[str, float] = field(default_factory=dict)  # by eval length, e.g. "1x"
     history: list[dict] = field(default_factory=list)  # {"step", "tokens", "ppl", "ratio"} per evaluation
     config: dict = field(default_factory=dict)
+    model: dict = field(default_factory=dict)  # the fingerprint of the model trained (`model_fingerprint`)
+
+
+def model_fingerprint(path: str | Path) -> dict:
+    """What identifies the model a run trains, from a local checkpoint directory: a sha256 of its config and of its
+    tensors' names, shapes and dtypes (read from the safetensors headers, not the weights). {} for anything else (a hub
+    id, a GGUF file). A resume refuses a model whose fingerprint changed: another conversion of it (other layers,
+    another RoPE mode) would load the checkpoint's weights into the wrong places, or fail to."""
+    directory = Path(path)
+    config_file = directory / "config.json"
+    if not directory.is_dir() or not config_file.is_file():
+        return {}
+    config = json.loads(config_file.read_text())
+    config.pop("path_conversion", None)  # where and when it was converted, not what
+    tensors = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        with safe_open(file, "pt") as weights:
+            for name in weights.keys():  # noqa: SIM118 (a safe_open handle is not a mapping)
+                piece = weights.get_slice(name)
+                tensors[name] = [piece.get_shape(), piece.get_dtype()]
+    digest = hashlib.sha256(json.dumps([config, sorted(tensors.items())], sort_keys=True).encode()).hexdigest()
+    return {"path": str(path), "sha256": digest}
 
 
 def recorded_config(config: RecipeConfig) -> dict:
@@ -170,6 +193,7 @@ def save_checkpoint(accelerator: Accelerator, state: RunState, output_dir: Path,
     if accelerator.is_main_process:
         # what a resume checks before loading anything: the files as they were written, by how many processes
         record = {**asdict(state), "processes": accelerator.num_processes, "files": file_sizes(staging)}
+        record["sha256"] = file_digests(staging)
         (staging / RUN_STATE).write_text(json.dumps(record))
         # over an incomplete one of an earlier run, or this step saved again
         replace_directory(staging, path, old=path.with_name(f".{path.name}.old{STAGING}"), sync=True)
@@ -186,6 +210,25 @@ def file_sizes(checkpoint: Path) -> dict[str, int]:
         for path in sorted(checkpoint.rglob("*"))
         if path.is_file() and path.name != RUN_STATE
     }
+
+
+def file_digests(checkpoint: Path) -> dict[str, str]:
+    """The sha256 of every file of `checkpoint` (but its run state), by relative path: a resume checks the contents
+    against them, where the sizes alone miss bytes overwritten in place."""
+    return {name: _sha256(checkpoint / name) for name in file_sizes(checkpoint)}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class DamagedCheckpoint(RecipeError):
+    """A checkpoint whose files are not as they were written (missing, resized, overwritten): a resume passes over it
+    to the newest one before it that is whole (`readable_checkpoint`)."""
 
 
 class Checkpointer:
@@ -215,10 +258,11 @@ DEEPSPEED_FILES = ("latest", "zero_to_fp32.py", "zero_to_torch.py")
 def read_checkpoint(checkpoint: Path, accelerator: Accelerator) -> RunState:
     """The run state of `checkpoint`, read before any model is loaded, refusing a checkpoint that resuming from could
     run code, that is not whole, or that does not fit this run: its `run_state.json` must be sound (`parse_run_state`),
-    written by as many processes as this run has, every file it lists present with the size it was written with
-    (safetensors headers readable), and every file besides safetensors and JSON must load through accelerate's
-    restricted loader (tensors, numbers, containers, numpy arrays). Only `accelerator.num_processes` is read."""
-    state, processes, files = parse_run_state(checkpoint / RUN_STATE)
+    written by as many processes as this run has, every file it lists present with the size and (where recorded) the
+    sha256 it was written with, safetensors headers readable, and every file besides safetensors and JSON must load
+    through accelerate's restricted loader (tensors, numbers, containers, numpy arrays). A file that is not as written
+    raises `DamagedCheckpoint`. Only `accelerator.num_processes` is read."""
+    state, processes, files, digests = parse_run_state(checkpoint / RUN_STATE)
     if processes != accelerator.num_processes:
         raise RecipeError(
             f"{checkpoint}: written by {processes} process(es), this run has {accelerator.num_processes}; resume with "
@@ -227,17 +271,17 @@ def read_checkpoint(checkpoint: Path, accelerator: Accelerator) -> RunState:
     for name, size in files.items():
         path = checkpoint / name
         if not path.is_file():
-            raise RecipeError(f"{path}: missing (the checkpoint was written with it); {_instead(checkpoint)}")
+            raise DamagedCheckpoint(f"{path}: missing (the checkpoint was written with it)")
         if path.stat().st_size != size:
-            raise RecipeError(
-                f"{path}: damaged ({path.stat().st_size:,} bytes, {size:,} when written); {_instead(checkpoint)}"
-            )
+            raise DamagedCheckpoint(f"{path}: damaged ({path.stat().st_size:,} bytes, {size:,} when written)")
+        if name in digests and _sha256(path) != digests[name]:
+            raise DamagedCheckpoint(f"{path}: damaged (its bytes differ from those written: another sha256)")
         if path.suffix == ".safetensors":
             try:
                 with safe_open(path, "pt") as weights:
                     weights.keys()
             except (SafetensorError, OSError) as error:
-                raise RecipeError(f"{path}: damaged ({first_line(error)}); {_instead(checkpoint)}") from error
+                raise DamagedCheckpoint(f"{path}: damaged ({first_line(error)})") from error
     for file in sorted(checkpoint.iterdir()):
         if file.is_dir() or file.suffix in (".safetensors", ".json") or file.name in DEEPSPEED_FILES:
             continue  # directories: engine shards (DeepSpeed), read by the engine's own loader
@@ -251,6 +295,38 @@ def read_checkpoint(checkpoint: Path, accelerator: Accelerator) -> RunState:
     return state
 
 
+def check_same_model(checkpoint: Path, saved: RunState, student: str) -> None:
+    """Refuse to resume `checkpoint` into a model other than the one it trained (`model_fingerprint`): weights trained
+    under one conversion would go on training under another, or fail to load."""
+    if saved.model and model_fingerprint(student).get("sha256") != saved.model.get("sha256"):
+        raise RecipeError(
+            f"{checkpoint} trained another model than the one at {student} now (its config or its tensors changed "
+            "since: converted again?); resume with the model it trained, or start anew with --force or in a new "
+            "training.output_dir"
+        )
+
+
+def readable_checkpoint(checkpoint: Path, accelerator: Accelerator) -> tuple[Path, RunState]:
+    """`checkpoint` and its run state (`read_checkpoint`), or, where it is damaged, the newest complete checkpoint
+    before it that is not, saying which it passed over and why. Refused when none is whole."""
+    earlier = [path for path in complete_checkpoints(checkpoint.parent.parent) if path.name < checkpoint.name]
+    damaged: list[DamagedCheckpoint] = []
+    for candidate in [checkpoint, *reversed(earlier)]:
+        try:
+            state = read_checkpoint(candidate, accelerator)
+        except DamagedCheckpoint as error:
+            damaged.append(error)
+            continue
+        for error in damaged:
+            accelerator.print(f"warning: passed over {error}", file=sys.stderr)
+        if damaged:
+            accelerator.print(f"resuming from {candidate} instead, the newest checkpoint that is whole")
+        return candidate, state
+    raise RecipeError(
+        f"{damaged[0]}; no earlier checkpoint is whole either: start anew with --force (or delete {checkpoint.parent})"
+    )
+
+
 def _instead(checkpoint: Path) -> str:
     """What to do instead of resuming from a damaged `checkpoint`: the earlier complete ones, if any."""
     earlier = [path.name for path in complete_checkpoints(checkpoint.parent.parent) if path.name < checkpoint.name]
@@ -262,13 +338,15 @@ def _instead(checkpoint: Path) -> str:
     return f"there is no earlier checkpoint: start anew with --force (or delete {checkpoint})"
 
 
-RUN_STATE_FIELDS = tuple(option.name for option in fields(RunState)) + ("processes", "files")
+RUN_STATE_FIELDS = tuple(option.name for option in fields(RunState)) + ("processes", "files", "sha256")
+OPTIONAL_FIELDS = ("model", "sha256")  # not written by earlier versions
 HISTORY_FIELDS = ("step", "tokens", "ppl", "ratio")
 
 
-def parse_run_state(path: Path) -> tuple[RunState, int, dict[str, int]]:
-    """`run_state.json` read as untrusted input: the run state, the number of processes that wrote the checkpoint and
-    its files' sizes, every field of the type it must have; a `RecipeError` names the file and the field."""
+def parse_run_state(path: Path) -> tuple[RunState, int, dict[str, int], dict[str, str]]:
+    """`run_state.json` read as untrusted input: the run state, the number of processes that wrote the checkpoint, and
+    its files' sizes and sha256 digests, every field of the type it must have; a `RecipeError` names the file and the
+    field."""
     try:
         record = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as error:
@@ -280,7 +358,8 @@ def parse_run_state(path: Path) -> tuple[RunState, int, dict[str, int]]:
             f"{path}: written by an earlier version of this recipe, which recorded no config to compare this run's "
             "with: resume it with that version, or start anew with --force or in a new training.output_dir"
         )
-    unknown, missing = sorted(set(record) - set(RUN_STATE_FIELDS)), [k for k in RUN_STATE_FIELDS if k not in record]
+    unknown = sorted(set(record) - set(RUN_STATE_FIELDS))
+    missing = [k for k in RUN_STATE_FIELDS if k not in record and k not in OPTIONAL_FIELDS]
     if unknown or missing:
         raise RecipeError(f"{path}: not a run state of this recipe (unknown: {unknown}, missing: {missing})")
 
@@ -314,8 +393,15 @@ def parse_run_state(path: Path) -> tuple[RunState, int, dict[str, int]]:
         for name in ("ppl", "ratio"):
             expect(f"history.{i}.{name}", entry[name], _is_scores(entry[name]), "numbers by evaluation length")
     expect("config", record["config"], isinstance(record["config"], dict), "a mapping")
-    state = RunState(**{name: record[name] for name in RUN_STATE_FIELDS if name not in ("processes", "files")})
-    return state, record["processes"], files
+    digests = record.get("sha256", {})
+    sound = isinstance(digests, dict) and set(digests) <= set(files)
+    sound = sound and all(isinstance(value, str) and len(value) == 64 for value in digests.values())
+    expect("sha256", digests, sound, "sha256 digests by file")
+    model = record.get("model", {})
+    expect("model", model, isinstance(model, dict) and all(isinstance(v, str) for v in model.values()), "a model")
+    names = [name for name in RUN_STATE_FIELDS if name not in ("processes", "files", "sha256") and name in record]
+    state = RunState(**{name: record[name] for name in names})
+    return state, record["processes"], files, digests
 
 
 def _is_count(value) -> bool:
@@ -424,7 +510,10 @@ def restore_checkpoint(accelerator: Accelerator, checkpoint: Path) -> None:
     try:
         accelerator.load_state(str(checkpoint))
     except (OSError, RuntimeError, ValueError, KeyError) as error:
-        raise RecipeError(f"{checkpoint}: cannot be loaded ({first_line(error)}); {_instead(checkpoint)}") from error
+        raise RecipeError(
+            f"{checkpoint}: cannot be loaded ({first_line(error)}); if the model at model.path is the one it trained, "
+            f"the checkpoint is damaged: {_instead(checkpoint)}"
+        ) from error
     rng_file = checkpoint / f"random_states_{accelerator.process_index}.pkl"
     saved = load_restricted(rng_file, map_location="cpu")
     torch_state = saved.get("torch_manual_seed") if isinstance(saved, dict) else None

@@ -41,11 +41,13 @@ from .checkpoints import (
     all_processes,
     check_output_dir,
     check_resume,
+    check_same_model,
     delete_earlier_run,
     follow_launcher,
     latest_checkpoint,
+    model_fingerprint,
     output_dir_lock,
-    read_checkpoint,
+    readable_checkpoint,
     recorded_config,
     restore_checkpoint,
 )
@@ -99,11 +101,14 @@ def _train(config: RecipeConfig, earlier_outputs: list[Path]) -> dict:
     stages = plan_stages(config.stage_plan, sequences_per_step)
     checkpoint = latest_checkpoint(output_dir, accelerator) if training.resume else None
     state = RunState(config=recorded_config(config))
-    if checkpoint is not None:  # the checkpoint whole, its run state sound and its config this one
-        state = check_resume(checkpoint, read_checkpoint(checkpoint, accelerator), config, stages)
+    if checkpoint is not None:  # the checkpoint whole, its run state sound, its model and its config this one
+        checkpoint, saved = readable_checkpoint(checkpoint, accelerator)
+        check_same_model(checkpoint, saved, plan.student)
+        state = check_resume(checkpoint, saved, config, stages)
     check_engine(training, accelerator.distributed_type, accelerator.state.deepspeed_plugin, config.stages)
 
     student, teacher = load_models(config, plan, accelerator)
+    state.model = state.model or model_fingerprint(plan.student)  # what a resume must find at model.path
     tokenizer = load_tokenizer(plan.student)
     # The stages' retrieval blocks by share (a stage's share is drawn per block, with the run's seed).
     retrieval = {
@@ -280,10 +285,13 @@ def train_micro_batch(
             else:
                 loss = lm_loss(model, batch)
             if all_processes(accelerator, not torch.isfinite(loss).item()):
-                # Nothing of this step has touched the weights: the checkpoint is the last good state.
+                # Nothing of this step has touched the weights: the checkpoint holds them as the steps before left
+                # them, which may already be diverging (a loss is finite until it is not).
                 raise RecipeError(
-                    f"non-finite {stage.name} loss at step {checkpointer.state.step + 1}; the last good state is saved "
-                    f"in {checkpointer.ensure_saved()}"
+                    f"non-finite {stage.name} loss at step {checkpointer.state.step + 1}; the state before that step "
+                    f"is saved in {checkpointer.ensure_saved()} (its weights may already be diverging: if a resume "
+                    "fails the same way, lower stages' learning_rate and resume from an earlier checkpoint or start "
+                    "anew)"
                 )
             if loss.requires_grad:
                 accelerator.backward(loss)

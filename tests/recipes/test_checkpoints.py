@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate import Accelerator
+from safetensors.torch import load_file
 
-from path_hf.recipes.checkpoints import file_sizes, recorded_config
+from path_hf.recipes.checkpoints import file_digests, file_sizes, recorded_config
 from tests.recipes.recipe_runs import parse_config, read_log, recipe_config, run_recipe, train, write_config
 
 
@@ -40,7 +41,8 @@ def edit_run_state(checkpoint: Path, **fields) -> None:
     """Set `fields` in the checkpoint's run_state.json, and record its files as they are now (as someone who planted a
     file and knew the format would)."""
     path = checkpoint / "run_state.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "files": file_sizes(checkpoint), **fields}))
+    recorded = {"files": file_sizes(checkpoint), "sha256": file_digests(checkpoint)}
+    path.write_text(json.dumps({**json.loads(path.read_text()), **recorded, **fields}))
 
 
 def test_a_checkpoint_holds_no_pickled_objects_and_records_its_config_and_files(tiny_source, finished_run, tmp_path):
@@ -209,27 +211,41 @@ def garbage(path: Path) -> None:
     path.write_bytes(b"\x07" * path.stat().st_size)
 
 
+def overwritten(path: Path) -> None:
+    """Bytes changed in place past the header: the size and the header as written."""
+    data = bytearray(path.read_bytes())
+    data[-64:] = b"\x7f" * 64
+    path.write_bytes(bytes(data))
+
+
 @pytest.mark.parametrize(
     "file, damage, problem",
     [
         ("model.safetensors", truncated, "damaged (1,000 bytes, "),
-        ("model.safetensors", garbage, "damaged (Error while deserializing header: header too large)"),
+        ("model.safetensors", garbage, "damaged (its bytes differ from those written: another sha256)"),
+        ("model.safetensors", overwritten, "damaged (its bytes differ from those written: another sha256)"),
         ("optimizer.bin", Path.unlink, "missing (the checkpoint was written with it)"),
         ("random_states_0.pkl", Path.unlink, "missing (the checkpoint was written with it)"),
     ],
-    ids=["truncated-weights", "garbage-weights", "no-optimizer", "no-random-states"],
+    ids=["truncated-weights", "garbage-weights", "overwritten-weights", "no-optimizer", "no-random-states"],
 )
-def test_resume_refuses_a_damaged_checkpoint_naming_the_file_and_the_one_to_resume_from(
-    tiny_source, resumed_run, tmp_path, capsys, file, damage, problem
+def test_resume_passes_over_a_damaged_checkpoint_to_the_newest_whole_one(
+    tiny_source, finished_run, tmp_path, capsys, file, damage, problem
 ):
-    checkpoints = resumed_run / "checkpoints"
+    """A damaged newest checkpoint is named and passed over; the run resumes from the one before it and ends with the
+    weights of the run that was never interrupted."""
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    checkpoints = out / "checkpoints"
     damage(checkpoints / "step-00000002" / file)
-    error = refused_resume(tiny_source, resumed_run, tmp_path, capsys)
-    assert f"error: {checkpoints / 'step-00000002' / file}: {problem}" in error
-    assert error.endswith(
-        f"; delete {checkpoints / 'step-00000002'} to resume from step-00000001, the latest before it (complete "
-        "checkpoints: step-00000001)\n"
-    )
+    config = recipe_config(tiny_source, out, training={"save_every": 1, "resume": True})
+    capsys.readouterr()
+    assert run_recipe(config, tmp_path) == 0
+    captured = capsys.readouterr()
+    assert f"warning: passed over {checkpoints / 'step-00000002' / file}: {problem}" in captured.err, captured.err
+    assert f"resuming from {checkpoints / 'step-00000001'} instead, the newest checkpoint that is whole" in captured.out
+    final, expected = (load_file(run / "final" / "model.safetensors") for run in (out, finished_run))
+    assert all(torch.equal(final[name], expected[name]) for name in expected)
 
 
 def test_a_damaged_only_checkpoint_says_to_start_anew(tiny_source, resumed_run, tmp_path, capsys):
@@ -237,9 +253,8 @@ def test_a_damaged_only_checkpoint_says_to_start_anew(tiny_source, resumed_run, 
     shutil.rmtree(checkpoints / "step-00000001")
     (checkpoints / "step-00000002" / "optimizer.bin").unlink()
     error = refused_resume(tiny_source, resumed_run, tmp_path, capsys)
-    assert error.endswith(
-        f"there is no earlier checkpoint: start anew with --force (or delete {checkpoints / 'step-00000002'})\n"
-    )
+    assert error.startswith(f"error: {checkpoints / 'step-00000002' / 'optimizer.bin'}: missing"), error
+    assert error.endswith(f"no earlier checkpoint is whole either: start anew with --force (or delete {checkpoints})\n")
 
 
 @pytest.mark.parametrize(
@@ -392,3 +407,19 @@ def test_a_second_run_in_an_output_dir_in_use_is_refused_naming_the_first(tiny_s
     finally:
         release_lock(run_dir / ".lock", fd)
     assert run_recipe(config, tmp_path) == 0 and not (run_dir / ".lock").exists()
+
+
+def test_resume_refuses_a_model_that_changed_under_the_run(tiny_source, finished_run, tmp_path, capsys):
+    """The model a run trains, converted again with other options (here another RoPE mode): the checkpoint's weights
+    would train on under the other conversion, so the resume is refused, naming the model, and no checkpoint is
+    blamed."""
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    config_file = out / "converted" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "rope_mode": "keep"}))
+    config = recipe_config(tiny_source, out, training={"save_every": 1, "resume": True})
+    capsys.readouterr()
+    assert run_recipe(config, tmp_path) == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"trained another model than the one at {out / 'converted'} now" in error, error
+    assert "delete" not in error
