@@ -111,6 +111,10 @@ def check_path_fields(values: Mapping[str, Any], name: Callable[..., str] = _con
         raise ValueError(f"{name('local_sinks')} must be a number of tokens >= 0, got {sinks!r}.")
     if sinks and window is None:
         raise ValueError(f"{name('local_sinks')} are the sinks of the local layers: they need {name('local_window')}.")
+    if sinks and window is not None and sinks >= window:
+        raise ValueError(
+            f"{name('local_sinks')} {sinks} must be fewer than the {name('local_window')} {window} keys they sit in."
+        )
 
 
 @strict

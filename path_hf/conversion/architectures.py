@@ -10,6 +10,7 @@ PaTHLlama holds, and the new parameters are what its PaTH layers add.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -95,6 +96,61 @@ def check_source_config(raw_config: dict) -> Architecture:
     raise ConversionError(
         f"cannot convert {described} (model_type {model_type!r}): {reason}. Supported: {', '.join(ARCHITECTURES)}."
     )
+
+
+# Fields of a source config.json that must be positive integers where present.
+_POSITIVE_INTS = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "head_dim",
+    "max_position_embeddings",
+    "vocab_size",
+)
+
+
+def check_source_values(raw_config: dict) -> None:
+    """Refuse the values of a source `config.json` that would make transformers fail with a raw exception or build a
+    model that computes nothing but NaN: sizes that are not positive integers, key/value heads that do not divide the
+    heads, a RoPE theta or norm epsilon that is not a positive number, a RoPE type transformers does not know, and a
+    RoPE scaling factor below 1. Each refusal names the field and its value."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    def positive_number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+    for key in _POSITIVE_INTS:
+        value = raw_config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConversionError(f"the source's config.json: {key} must be a positive integer, got {value!r}.")
+    heads, kv_heads = raw_config.get("num_attention_heads"), raw_config.get("num_key_value_heads")
+    if heads and kv_heads and heads % kv_heads:
+        raise ConversionError(
+            f"the source's config.json: num_key_value_heads {kv_heads} does not divide num_attention_heads {heads} "
+            "(each key/value head serves a whole group of query heads)."
+        )
+    eps = raw_config.get("rms_norm_eps")
+    if eps is not None and not positive_number(eps):
+        raise ConversionError(f"the source's config.json: rms_norm_eps must be a positive number, got {eps!r}.")
+    rope = raw_config.get("rope_parameters") or raw_config.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise ConversionError(f"the source's config.json: rope_parameters must be a mapping, got {rope!r}.")
+    theta = rope.get("rope_theta", raw_config.get("rope_theta"))
+    if theta is not None and not positive_number(theta):
+        raise ConversionError(f"the source's config.json: rope_theta must be a positive number, got {theta!r}.")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
+        known = ", ".join(["default", *sorted(ROPE_INIT_FUNCTIONS)])
+        raise ConversionError(
+            f"the source's config.json: rope_type {rope_type!r} is not one transformers knows ({known})."
+        )
+    factor = rope.get("factor")
+    if rope_type != "default" and factor is not None and not (positive_number(factor) and factor >= 1):
+        raise ConversionError(
+            f"the source's config.json: the {rope_type} RoPE scaling factor must be a number >= 1, got {factor!r}."
+        )
 
 
 def check_attention(config: PretrainedConfig, allow_torch_only_head_dim: bool) -> None:

@@ -295,6 +295,8 @@ class ConvertOptions:
                 raise ConversionError(
                     f"--retrieval-length must be a positive number of tokens, got {self.retrieval_length}."
                 )
+        if not 0 <= self.seed < 2**63:
+            raise ConversionError(f"--seed must be an integer from 0 to 2**63 - 1 (torch's seeds), got {self.seed}.")
         self.rope_max_wavelength = check_wavelength(self.rope_max_wavelength)
         if isinstance(self.attn_temperature_length, float) and self.attn_temperature_length.is_integer():
             self.attn_temperature_length = int(self.attn_temperature_length)  # a recipe's 8192.0

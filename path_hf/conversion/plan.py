@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import math
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from .architectures import (
     check_attention,
     check_source_config,
     check_source_tensors,
+    check_source_values,
     converted_layout,
     path_config_from,
 )
@@ -194,8 +196,23 @@ def read_source_config(source: Source, options: ConvertOptions) -> tuple[Archite
         raw_config = json.loads(config_file.read_text())
     except ValueError as error:
         raise ConversionError(f"{config_file} is not valid JSON ({error}).") from error
+    if not isinstance(raw_config, dict):
+        raise ConversionError(f"{config_file} must hold a JSON object, got a {type(raw_config).__name__}.")
     architecture = check_source_config(raw_config)
-    source_config = AutoConfig.from_pretrained(source.path)
+    check_source_values(raw_config)
+    try:
+        source_config = AutoConfig.from_pretrained(source.path)
+    except (ValueError, TypeError, KeyError) as error:  # transformers' own validation, all on one line
+        raise ConversionError(f"{config_file}: transformers refuses it ({' '.join(str(error).split())})") from error
+    positions = source_config.max_position_embeddings
+    if options.local_window is not None and options.local_window > positions:
+        print(
+            f"warning: --local-window {options.local_window} is longer than the source's {positions} positions: past "
+            f"{positions} its local layers see distances the source never saw, unless a RoPE scaling rescales them "
+            "(path-hf eval --model PATH@yarn does)",
+            file=sys.stderr,
+            flush=True,
+        )
     check_attention(source_config, options.allow_torch_only_head_dim)
     if options.layers and max(options.layers) >= source_config.num_hidden_layers:
         raise ConversionError(

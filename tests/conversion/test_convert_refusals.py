@@ -319,3 +319,52 @@ def test_bad_layer_list_is_a_usage_error(tmp_path, capsys):
         run_cli(capsys, "convert", "--from", tmp_path, "--to", tmp_path / "converted", "--layers", "3-1")
     assert exit_info.value.code == 2
     assert "ends before it starts" in capsys.readouterr().err
+
+
+# Source config values that made transformers fail with a raw exception, or built a model computing only NaN.
+BAD_VALUES = {
+    "no-heads": ({"num_attention_heads": 0}, "num_attention_heads must be a positive integer, got 0"),
+    "kv-heads": ({"num_key_value_heads": 3}, "num_key_value_heads 3 does not divide num_attention_heads 4"),
+    "layers-as-text": ({"num_hidden_layers": "3"}, "num_hidden_layers must be a positive integer, got '3'"),
+    "no-positions": ({"max_position_embeddings": -1}, "max_position_embeddings must be a positive integer, got -1"),
+    "eps-nan": ({"rms_norm_eps": float("nan")}, "rms_norm_eps must be a positive number, got nan"),
+    "theta-0": ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}}, "rope_theta must be a positive"),
+    "rope-bogus": ({"rope_parameters": {"rope_type": "bogus", "rope_theta": 1e4}}, "rope_type 'bogus' is not one"),
+    "yarn-half": (
+        {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 0.5}},
+        "the yarn RoPE scaling factor must be a number >= 1, got 0.5",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_VALUES))
+def test_a_source_config_value_is_refused_by_name(case, tmp_path, capsys):
+    patch, message = BAD_VALUES[case]
+    source = make_source(tmp_path / "source", "llama")
+    config_file = source / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **patch}))
+    assert_refused(capsys, tmp_path, source, message=f"the source's config.json: {message}")
+
+
+def test_a_config_that_is_not_an_object_is_refused(tmp_path, capsys):
+    source = make_source(tmp_path / "source", "llama")
+    (source / "config.json").write_text("[1, 2]")
+    assert_refused(capsys, tmp_path, source, message="config.json must hold a JSON object, got a list")
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (("--layers", "0", "--local-window", "8", "--local-sinks", "8"), "--local-sinks 8 must be fewer than the"),
+        (("--seed", str(2**64)), "--seed must be an integer from 0 to 2**63 - 1"),
+    ],
+)
+def test_sinks_or_a_seed_out_of_range_are_refused(tmp_path, capsys, flags, message):
+    assert_refused(capsys, tmp_path, make_source(tmp_path / "source", "llama"), *flags, message=message)
+
+
+def test_a_window_past_the_sources_positions_is_said(tmp_path, capsys):
+    source = make_source(tmp_path / "source", "llama")
+    flags = ("--layers", "0", "--local-window", "1000", "--dry-run")
+    code, _, err = run_cli(capsys, "convert", "--from", source, "--to", tmp_path / "converted", *flags)
+    assert code == 0 and "warning: --local-window 1000 is longer than the source's 256 positions" in err, err
