@@ -33,6 +33,17 @@ from transformers.utils import CONFIG_NAME
 
 from .errors import SourceError, first_line
 
+# A saved tokenizer leaves at least one of these in its directory. Without any, transformers builds an empty tokenizer
+# of the config's model type, which turns text into unknown tokens (BERT) or into almost nothing (GPT-2).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 GGUF_SUFFIX = ".gguf"
 _NAMED_KEYS = 3  # missing weights named in a refusal
 DEFAULT_GGUF_DTYPE = torch.float32
@@ -296,6 +307,7 @@ __all__ = [
     "gguf_config",
     "gguf_state_dict",
     "gguf_tokenizer",
+    "TOKENIZER_FILES",
     "load_causal_lm",
     "load_config",
     "load_gguf_model",

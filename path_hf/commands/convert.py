@@ -24,6 +24,7 @@ from ..conversion.sources import resolve_source
 from ..conversion.staging import check_destination, clear_stale_staging, destination_lock, staging_directory
 from ..conversion.write import write_conversion
 from ..errors import ConversionError, SourceError
+from ..loading import TOKENIZER_FILES
 
 if TYPE_CHECKING:
     from ..conversion.verify import VerifyResult
@@ -84,6 +85,12 @@ def _convert(options: ConvertOptions) -> Conversion:
                     print(verification.describe(), flush=True)
                     verification.check()
             print(f"wrote {output} ({format_size(plan.bytes_to_write)} in {seconds:.1f} s)", flush=True)
+            if not plan.has_tokenizer:
+                print(
+                    f"note: the source has no tokenizer files ({', '.join(TOKENIZER_FILES)}), so {output.name} has "
+                    "none: copy the source's tokenizer into it before evaluating or training it",
+                    flush=True,
+                )
     return Conversion(plan, verification)
 
 

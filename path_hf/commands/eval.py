@@ -47,6 +47,7 @@ from ..atomic import atomic_file
 from ..errors import EvaluationError, SourceError, first_line
 from ..evaluation import COPY_SPAN, ROPE_SCALING_TYPES
 from ..evaluation.needles import DEPTHS, HAYSTACKS, MULTIKEY_KEYS, MULTIKEY_QUESTIONS
+from ..loading import TOKENIZER_FILES
 
 
 @dataclass(frozen=True)
@@ -443,17 +444,6 @@ def scaling_is_identity(rope_scaling: str, factor: float, length: int, train_len
     return factor == 1.0
 
 
-# A saved tokenizer leaves at least one of these in its directory. Without any, transformers builds an empty tokenizer
-# of the config's model type, which turns text into unknown tokens (BERT) or into almost nothing (GPT-2).
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-    "vocab.json",
-    "vocab.txt",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-)
 # A tokenizer that fits the text writes few unknown tokens; more than this share of the stream is refused.
 MAX_UNKNOWN_SHARE = 0.05
 

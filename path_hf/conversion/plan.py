@@ -24,6 +24,7 @@ from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS
 
 from .. import PaTHLlamaConfig
 from ..errors import ConversionError
+from ..loading import TOKENIZER_FILES
 from ..modeling_path_llama import LAYER_PARAMETER, rope_band
 from .architectures import (
     Architecture,
@@ -83,11 +84,18 @@ class ConversionPlan:
         return sum(tensor.nbytes for tensor in self.tensors)
 
     @property
-    def bytes_to_write(self) -> int:
-        return self.weight_bytes + sum(path.stat().st_size for path in self.extra_files)
+    def has_tokenizer(self) -> bool:
+        """Whether the source's files carried over hold a tokenizer (`path-hf eval` and the recipes need one)."""
+        names = {path.name for path in self.extra_files}
+        return bool(names & set(TOKENIZER_FILES)) or any(name.endswith(".tiktoken") for name in names)
 
-    def describe(self) -> str:
-        """The plan in a few lines, as `--dry-run` prints it."""
+    @property
+    def bytes_to_write(self) -> int:
+        return self.weight_bytes + sum(path.stat().st_size for path in self.extra_files) + model_code_bytes()
+
+    def describe(self, public: bool = False) -> str:
+        """The plan in a few lines, as `--dry-run` prints it; `public`: as the model card gives it, naming the source
+        and the destination without this machine's folders."""
         config, opts = self.config, self.options
         copied = [tensor for tensor in self.tensors if tensor.source is not None]
         added = [tensor for tensor in self.tensors if tensor.source is None]
@@ -97,7 +105,7 @@ class ConversionPlan:
         gguf = f" ({self.source.gguf.describe()})" if self.source.gguf else ""
         dtype = str(config.dtype).removeprefix("torch.")
         lines = [
-            f"source:       {self.source.name}{revision}{gguf}",
+            f"source:       {self.source.public_name if public else self.source.name}{revision}{gguf}",
             f"architecture: {self.architecture.name}, {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
             f"{config.num_attention_heads} heads ({config.num_key_value_heads} kv), head dim {config.head_dim}, "
             f"{'tied' if config.tie_word_embeddings else 'untied'} embeddings",
@@ -129,7 +137,8 @@ class ConversionPlan:
             lines.append(f"leave out:    {len(self.ignored)} tensor(s): {', '.join(t.name for t in self.ignored)}")
         lines.append(
             f"write:        {format_size(self.bytes_to_write)} in {len(self.shards)} shard(s) + "
-            f"{len(self.extra_files)} tokenizer/other file(s) to {Path(opts.output).resolve()}"
+            f"{len(self.extra_files)} tokenizer/other file(s) to "
+            f"{Path(opts.output).name if public else Path(opts.output).resolve()}"
         )
         return "\n".join(lines)
 
@@ -171,6 +180,24 @@ def describe_temperature(config: PaTHLlamaConfig) -> str:
     return (
         f"PaTH queries x (1 + {scale:g} log(floor((p + 1) / {length}) + 1)), exactly 1 on the first {length - 1} tokens"
     )
+
+
+# What a converted checkpoint holds besides its weights, the model code and the files carried over: config.json,
+# generation_config.json, the model card and the shard index, counted at most this.
+_METADATA_BYTES = 64 * 2**10
+
+
+def model_code_bytes() -> int:
+    """The bytes a converted checkpoint holds besides its weights and the source's files: the model code stored for
+    `trust_remote_code` (the modeling and configuration files and what they import relatively, as
+    `save_model_code` copies them) and `_METADATA_BYTES` for the config, the generation config and the card."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    from .. import configuration_path_llama, modeling_path_llama
+
+    files = {modeling_path_llama.__file__, configuration_path_llama.__file__}
+    files |= set(get_relative_import_files(modeling_path_llama.__file__))
+    return sum(Path(file).stat().st_size for file in files) + _METADATA_BYTES
 
 
 def source_context(config: PretrainedConfig) -> int:
@@ -335,8 +362,24 @@ def plan_conversion(options: ConvertOptions, source: Source | None = None) -> Co
         extra_files(source.path),
         tuple(ignored),
     )
+    check_carried_files(plan)
     check_disk_space(output, plan.bytes_to_write)
     return plan
+
+
+def check_carried_files(plan: ConversionPlan) -> None:
+    """Refuse a source JSON file carried over (tokenizer config, special tokens map, ...) or a generation config that
+    does not parse: copied as it is, it would fail whoever loads the converted model. Say so when the source has no
+    tokenizer files: the converted model then has none either, and `path-hf eval` and the recipes need one."""
+    generation_config = plan.source.path / GENERATION_CONFIG_NAME
+    for path in [*plan.extra_files, *([generation_config] if generation_config.is_file() else [])]:
+        if path.suffix == ".json":
+            try:
+                json.loads(path.read_text())
+            except (UnicodeDecodeError, ValueError) as error:
+                raise ConversionError(
+                    f"the source's {path.name} is not valid JSON ({error}); repair or remove it, then convert again."
+                ) from error
 
 
 __all__ = [

@@ -57,6 +57,12 @@ class Source:
     def name(self) -> str:
         return self.repo_id or str(self.gguf.file if self.gguf else self.path)
 
+    @property
+    def public_name(self) -> str:
+        """The name a published model card gives the source: the hub id, or the file's or folder's own name (never
+        where it lies on this machine)."""
+        return self.repo_id or (self.gguf.file if self.gguf else self.path).name
+
 
 def link_roots(directory: Path) -> tuple[Path, ...]:
     """Where the files of the source `directory` (resolved) may lie when reached through a link without

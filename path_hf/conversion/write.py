@@ -18,6 +18,7 @@ import torch
 from huggingface_hub import ModelCard, ModelCardData
 from transformers import GenerationConfig
 from transformers.dynamic_module_utils import custom_object_save
+from transformers.tokenization_utils_base import TOKENIZER_CONFIG_FILE
 from transformers.utils import GENERATION_CONFIG_NAME
 
 from .. import PaTHLlamaConfig, PaTHLlamaForCausalLM, init_path_parameters
@@ -139,7 +140,17 @@ def write_conversion(plan: ConversionPlan, directory: Path) -> None:
     else:
         GenerationConfig.from_model_config(config).save_pretrained(directory)
     for path in plan.extra_files:
-        shutil.copyfile(path, directory / path.name)
+        if path.name == TOKENIZER_CONFIG_FILE and "auto_map" in (tokenizer_config := json.loads(path.read_text())):
+            # The source's tokenizer code is not carried over (no .py file is): a map to it would fail every
+            # `trust_remote_code=True` load. Without it, transformers uses its own class of that tokenizer.
+            del tokenizer_config["auto_map"]
+            (directory / path.name).write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
+            print(
+                f"note: {path.name}'s auto_map dropped: it names tokenizer code of the source, which is not copied",
+                flush=True,
+            )
+        else:
+            shutil.copyfile(path, directory / path.name)
     model_card(plan).save(directory / "README.md")
 
 
@@ -152,18 +163,32 @@ def save_model_code(directory: Path, config: PaTHLlamaConfig) -> None:
     custom_object_save(model, directory, config=config)
 
 
+def source_license(directory: Path) -> str | None:
+    """The `license` of the source's own model card (README.md front matter), which the converted model keeps."""
+    card = directory / "README.md"
+    if not card.is_file():
+        return None
+    try:
+        return ModelCard.load(card).data.license
+    except (ValueError, OSError):  # no or broken front matter: nothing to keep
+        return None
+
+
 def model_card(plan: ConversionPlan) -> ModelCard:
     """README.md of the converted model: the hub's metadata (`ModelCardData`, the YAML front matter), what was done,
     and how to load and train it."""
     config, source = plan.config, plan.source
     card_data = ModelCardData(
         base_model=source.repo_id,  # None (left out) for a local directory or a GGUF file
+        license=source_license(source.path),
         library_name="transformers",
         pipeline_tag="text-generation",
         tags=["path-attention", "path-hf"],
     )
     revision = f" (revision `{source.revision}`)" if source.revision else ""
-    source_named = f"[{source.repo_id}](https://huggingface.co/{source.repo_id})" if source.repo_id else "a checkpoint"
+    source_named = (
+        f"[{source.repo_id}](https://huggingface.co/{source.repo_id})" if source.repo_id else f"`{source.public_name}`"
+    )
     if source.gguf:
         source_named = f"the GGUF file `{source.gguf.file.name}`"
         copied = f"Every weight is copied as transformers reads it from the GGUF ({source.gguf.describe()})."
@@ -224,7 +249,7 @@ al., 2025, [arXiv:2505.16381](https://arxiv.org/abs/2505.16381)) by `path-hf con
 ## What was done
 
 ```
-{plan.describe()}
+{plan.describe(public=True)}
 ```
 
 {copied} Each PaTH layer gets new parameters: `w_proj` (the Householder directions),

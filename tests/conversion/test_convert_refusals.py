@@ -1,6 +1,7 @@
 """What `path-hf convert` refuses: one `error: ...` line, exit code 1, and nothing at the destination."""
 
 import json
+import re
 from collections import namedtuple
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import path_hf.commands.convert
 import path_hf.conversion.gguf
 import path_hf.conversion.staging
 from path_hf.conversion.io import SafetensorsWriter
+from path_hf.conversion.plan import model_code_bytes
 from path_hf.conversion.staging import check_destination
 from path_hf.errors import ConversionError
 from tests.conversion.checkpoints import TINY, make_source, run_cli
@@ -144,13 +146,15 @@ def test_source_inside_destination(tmp_path, capsys):
 
 def test_not_enough_disk_space(tmp_path, capsys, monkeypatch):
     usage = namedtuple("usage", "total used free")
-    # 529 KB to write and a 161 KB margin
+    # 529 KB of weights and tokenizer files, 211 KB of code and metadata, and the margin
     monkeypatch.setattr(
         path_hf.conversion.staging.shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 10**6, 600_000)
     )
     source = make_source(tmp_path / "source", "llama")
     err = assert_refused(capsys, tmp_path, source, message="not enough free disk space")
-    assert "the output needs 528.82 KB (+ 164.12 KB margin), 600.00 KB is free." in err
+    # the weights and tokenizer files, and the model code and card beside them
+    needed = re.search(r"the output needs ([\d.]+) KB \(\+ [\d.]+ KB margin\), 600.00 KB is free\.", err)
+    assert needed and float(needed[1]) == pytest.approx((528_820 + model_code_bytes()) / 1000, abs=0.01), err
 
 
 def test_existing_model_needs_force(tmp_path, capsys):
