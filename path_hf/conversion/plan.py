@@ -267,7 +267,7 @@ def converted_config(
         path_fields["path_layers"] = list(path_fields["path_layers"])
     if path_fields["local_full_heads"] is not None:
         path_fields["local_full_heads"] = [list(pair) for pair in path_fields["local_full_heads"]]
-    return path_config_from(
+    config = path_config_from(
         source_config,
         architecture,
         **path_fields,
@@ -279,6 +279,27 @@ def converted_config(
             "path_hf_version": package_version(),
         },
     )
+    if config.rope_max_wavelength is not None:
+        check_band_is_fixed(config)
+    return config
+
+
+# Source RoPEs whose frequencies depend on the sequence length: dynamic NTK (its base grows past
+# max_position_embeddings) and LongRoPE (its long factors past original_max_position_embeddings).
+_LENGTH_DEPENDENT_ROPE = {"dynamic": "dynamic NTK", "longrope": "LongRoPE"}
+
+
+def check_band_is_fixed(config: PaTHLlamaConfig) -> None:
+    """`rope_max_wavelength` picks, once, the RoPE pairs that PaTH layers rotate, by their wavelength: refuse a source
+    RoPE whose frequencies change with the sequence length, for which no single set is right at every length."""
+    rope_type = config.rope_parameters.get("rope_type", "default")
+    if rope_type in _LENGTH_DEPENDENT_ROPE:
+        raise ConversionError(
+            f"--rope-max-wavelength {config.rope_max_wavelength:g} fixes the RoPE pairs PaTH layers rotate by their "
+            f"wavelength, but the source's {_LENGTH_DEPENDENT_ROPE[rope_type]} RoPE changes its frequencies with the "
+            "sequence length past its context, so the pairs under the limit change too: convert without "
+            "--rope-max-wavelength."
+        )
 
 
 def output_tensors(

@@ -372,3 +372,29 @@ def test_a_window_past_the_sources_positions_is_said(tmp_path, capsys):
     flags = ("--layers", "0", "--local-window", "1000", "--dry-run")
     code, _, err = run_cli(capsys, "convert", "--from", source, "--to", tmp_path / "converted", *flags)
     assert code == 0 and "warning: --local-window 1000 is longer than the source's 256 positions" in err, err
+
+
+LONGROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 10000.0,
+    "short_factor": [1.0] * 8,
+    "long_factor": [1.0, 1.0, 1.0, 4.0, 4.0, 4.0, 4.0, 4.0],
+    "original_max_position_embeddings": 64,
+}
+
+
+@pytest.mark.parametrize(
+    "rope, name",
+    [(LONGROPE, "LongRoPE"), ({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}, "dynamic NTK")],
+    ids=["longrope", "dynamic"],
+)
+def test_a_band_of_a_length_dependent_rope_is_refused(tmp_path, capsys, rope, name):
+    """`--rope-max-wavelength` fixes the rotated pairs once; a source RoPE whose frequencies change with the length
+    (LongRoPE's long factors, dynamic NTK) has no single band, and the model would be silently wrong past its
+    context. Without the option the same sources convert."""
+    source = make_source(tmp_path / "source", "llama", rope_parameters=rope)
+    message = f"but the source's {name} RoPE changes its frequencies with the sequence length"
+    assert_refused(capsys, tmp_path, source, "--rope", "keep", "--rope-max-wavelength", "100", message=message)
+    flags = ("--rope", "keep", "--init", "identity", "--verify")
+    code, out, err = run_cli(capsys, "convert", "--from", source, "--to", tmp_path / "converted", *flags)
+    assert code == 0 and "verify:" in out, err
