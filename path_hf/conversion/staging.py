@@ -284,6 +284,22 @@ def destination_lock(output: Path, create_parent: bool = True) -> Iterator[None]
     if fcntl is None or (not create_parent and not output.parent.is_dir()):
         yield
         return
+    if not create_parent:  # a dry run writes nothing: a folder it may not write to is no reason to refuse it
+        try:
+            fd = acquire_lock(lock_file(output))
+        except OSError:
+            fd = None
+        except LockHeld:
+            fd = _lock(lock_file(output), output)  # refused, naming the holder
+        if fd is not None:
+            _held_locks[output] = 1
+        try:
+            yield
+        finally:
+            if fd is not None:
+                del _held_locks[output]
+                release_lock(lock_file(output), fd)
+        return
     created = _make_directories(output.parent)
     try:
         fd = _lock(lock_file(output), output)

@@ -234,3 +234,18 @@ def test_free_space_counts_stale_staging_and_names_what_other_conversions_hold(t
         message.startswith("error: not enough free disk space") and " in stale staging directories to remove" in message
     )
     assert f"is held by staging directories of other conversions: {held.name}" in message
+
+
+def test_a_dry_run_into_a_folder_it_cannot_write_runs(tmp_path, capsys, monkeypatch):
+    """--dry-run writes nothing, so a destination folder without write permission (the lock file cannot be made
+    there) is no reason to refuse it; a real conversion there is refused, naming the folder."""
+
+    def read_only(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(path_hf.conversion.staging, "acquire_lock", read_only)
+    source = make_source(tmp_path / "source", "llama")
+    code, out, err = run_cli(capsys, "convert", "--from", source, "--to", tmp_path / "converted", "--dry-run")
+    assert code == 0 and "write:" in out, err
+    code, _, err = run_cli(capsys, "convert", "--from", source, "--to", tmp_path / "converted")
+    assert code == 1 and "cannot open or create the lock file" in err and not (tmp_path / "converted").exists()
