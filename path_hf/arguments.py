@@ -164,9 +164,7 @@ def _convert(value, kind, name: str, error: type[Exception]):
         except ValueError:
             raise error(f"{name} must be {kind.__name__}, got {value!r}") from None
     if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not math.isfinite(value):
-            raise error(f"{name} must be a finite number, got {value!r}")
-        return float(value)
+        return float(value)  # finite or not: the range checks of each option say what it allows
     if kind is int and isinstance(value, float) and value.is_integer():
         return int(value)  # 1e6 tokens
     if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -79,6 +79,12 @@ def plan_models(config: RecipeConfig) -> ModelPlan:
                 f"model.teacher {teacher} has a vocabulary of {teacher_config.vocab_size} tokens, the model "
                 f"{student_config.vocab_size}: distillation and the perplexity ratio need the same tokenizer"
             )
+    longest = max(config.training.eval_lengths, default=1) * config.data.block_size
+    if config.data.eval_tokens < longest:
+        raise RecipeError(
+            f"data.eval_tokens {config.data.eval_tokens} cannot fill the longest evaluation window "
+            f"(training.eval_lengths x data.block_size = {longest}): give at least {longest}"
+        )
     return ModelPlan(student, convert_from, teacher)
 
 

@@ -58,6 +58,11 @@ def refuse(config, tmp_path, capsys, *overrides) -> str:
         (["training.lora_dropout=1"], "training.lora_dropout must be in [0, 1), got 1.0"),
         (["training.seed=-1"], "training.seed must be in [0, 2**32), got -1"),
         (["data.eval_documents=-1"], "data.eval_documents must be 0 or more, got -1"),
+        (["data.eval_tokens=1"], "data.eval_tokens 1 cannot fill the longest evaluation window (training.eval_lengths"),
+        (
+            ["model.convert.forget_gate=true", "model.convert.forget_gate_bias=.nan"],
+            "model.convert: --forget-gate-bias must be a finite number, got nan",
+        ),
         (["training.keep_checkpoints=0"], "training.keep_checkpoints must be positive, got 0"),
     ],
     ids=lambda value: value[0] if isinstance(value, list) else None,
