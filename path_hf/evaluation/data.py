@@ -189,6 +189,16 @@ def _fault(file: str, builder: str) -> str | None:
     return None
 
 
+def data_fault(files: Sequence[str | Path]) -> str | None:
+    """`FILE: what is wrong` for the first of the local data `files` with a fault `_fault` finds (a line that is not
+    UTF-8 or not JSON, a compression that does not decompress), or None: what a stream that failed partway hit."""
+    builder, kwargs = data_files(files)
+    for file in kwargs["data_files"]:
+        if (fault := _fault(file, builder)) is not None:
+            return f"{file}: {fault}"
+    return None
+
+
 def text_documents(dataset, text_field: str, source: str):
     """The non-empty documents of a `datasets` dataset (or `IterableDataset`), as its one column `text_field`. Raises
     `ValueError` naming `source` when it has no such column, or one of values that are not text (as far as the
@@ -227,6 +237,7 @@ def tokenize_stream(texts: Iterable[str], tokenizer, max_tokens: int | None = No
 
 
 __all__ = [
+    "data_fault",
     "COMPRESSED_SUFFIXES",
     "data_files",
     "load_texts",

@@ -30,7 +30,8 @@ from accelerate.utils import ProjectConfiguration, set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..errors import CommandError, RecipeError
+from ..errors import CommandError, RecipeError, first_line
+from ..evaluation.data import data_fault
 from ..loading import load_tokenizer
 from .arguments import RecipeConfig, Stage, TrainingArguments, parse_command, read_config
 from .checkpoints import (
@@ -178,7 +179,10 @@ def _train(config: RecipeConfig, earlier_outputs: list[Path]) -> dict:
             step_loss, grad_norm = 0.0, None
             blocks = retrieval.get(current.stage.retrieval)
             for micro in range(micro_batches):
-                batch = next(batches)
+                try:
+                    batch = next(batches)
+                except (ValueError, OSError) as error:  # a record a stream reaches only now (pyarrow's ArrowInvalid)
+                    raise unreadable_data(error, config, checkpointer, accelerator) from error
                 if blocks is not None:  # a share of the blocks made retrieval blocks, drawn per micro-batch
                     batch = blocks(batch, state.batches + micro)
                 with training_window(student, current.stage, state.step, training.seed):
@@ -222,6 +226,22 @@ def _train(config: RecipeConfig, earlier_outputs: list[Path]) -> dict:
     del model, student, teacher, optimizer, scheduler, alignment, prepared  # the process group outlives them: end_run
     end_run(accelerator)
     return result
+
+
+def unreadable_data(
+    error: Exception, config: RecipeConfig, checkpointer: Checkpointer, accelerator: Accelerator
+) -> RecipeError:
+    """The refusal of training data that fails to read partway (a streamed file's bad record): the file and the line
+    where one can be found, and, in a one-process run, the state before this step saved to resume from."""
+    files = config.data.train_files
+    where = (data_fault(files) if files else None) or first_line(error)
+    step = checkpointer.state.step + 1
+    if accelerator.num_processes > 1:  # the others may still read: no collective save
+        return RecipeError(f"the training data cannot be read at step {step} ({where}): repair it and resume")
+    return RecipeError(
+        f"the training data cannot be read at step {step} ({where}); the state before that step is saved in "
+        f"{checkpointer.ensure_saved()}: repair or remove the record, then resume with training.resume=true"
+    )
 
 
 def end_run(accelerator: Accelerator) -> None:
