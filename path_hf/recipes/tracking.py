@@ -18,6 +18,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
+from ..atomic import atomic_file
 from ..evaluation import IGNORE_INDEX, PerplexityResult, Window, plots, score_windows
 from .arguments import RecipeConfig, TrainingArguments, flatten
 from .checkpoints import RunState
@@ -84,6 +85,29 @@ class JSONLTracker(GeneralTracker):
     def log(self, values: dict, step: int | None = None, **kwargs):
         with self.path.open("a") as file:
             file.write(json.dumps({"step": step, **values}) + "\n")
+
+
+def trim_log(logging_dir: Path, step: int) -> int:
+    """Drop the rows of `log.jsonl` that a killed run logged after `step`, the step a resume continues from (it logs
+    them again); the rows without a step (the config of each start) stay. Returns how many were dropped."""
+    path = Path(logging_dir) / RUN_NAME / "log.jsonl"
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            row_step = json.loads(line).get("step")
+        except (ValueError, AttributeError):  # a line cut short by the kill: not a row
+            dropped += 1
+            continue
+        if isinstance(row_step, int) and row_step > step:
+            dropped += 1
+        else:
+            kept.append(line)
+    if dropped:
+        with atomic_file(path) as tmp:
+            tmp.write_text("".join(kept))
+    return dropped
 
 
 def trackers(log_with: list[str], logging_dir: Path) -> list[str | GeneralTracker]:

@@ -68,7 +68,7 @@ from .models import (
 )
 from .retrieval import RetrievalBlocks
 from .schedule import batches_drawn, plan_stages, planned_steps, stage_at, stage_scheduler
-from .tracking import RUN_NAME, RecoveryTracker, TrainingLog, flat_config, trackers
+from .tracking import RUN_NAME, RecoveryTracker, TrainingLog, flat_config, trackers, trim_log
 
 
 def train(config: RecipeConfig, force: bool = False) -> dict:
@@ -142,6 +142,9 @@ def _train(config: RecipeConfig, earlier_outputs: list[Path]) -> dict:
         accelerator.print(f"resumed at step {state.step} ({state.tokens:,} tokens)")
 
     total_steps = planned_steps(stages)
+    if checkpoint is not None and accelerator.is_main_process and "jsonl" in training.log_with:
+        if dropped := trim_log(output_dir / "logs", state.step):
+            accelerator.print(f"dropped {dropped} row(s) of the log written after step {state.step}, logged again now")
     accelerator.init_trackers(RUN_NAME, config=flat_config(config))
     recovery = RecoveryTracker(state, windows, accelerator, training)
     if not state.history:  # before training: the source and the converted model on the evaluation split

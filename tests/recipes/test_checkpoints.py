@@ -423,3 +423,22 @@ def test_resume_refuses_a_model_that_changed_under_the_run(tiny_source, finished
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"trained another model than the one at {out / 'converted'} now" in error, error
     assert "delete" not in error
+
+
+def test_a_resume_drops_the_log_rows_written_after_its_checkpoint(tiny_source, finished_run, tmp_path, capsys):
+    """A run killed after it logged step 2 but before it saved it resumes from step 1 and logs step 2 again: the log
+    then holds each step once, not the killed run's row beside the replayed one."""
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    shutil.rmtree(out / "checkpoints" / "step-00000002")
+    for name in ("final", "recovery.json"):
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    with (out / "logs" / "recovery" / "log.jsonl").open("a") as log:
+        log.write('{"step": 2, "train/lo')  # cut short by the kill
+    config = recipe_config(tiny_source, out, training={"save_every": 1, "resume": True})
+    capsys.readouterr()
+    assert run_recipe(config, tmp_path) == 0
+    assert "dropped 3 row(s) of the log written after step 1" in capsys.readouterr().out
+    steps = [entry["step"] for entry in read_log(out) if "train/lr" in entry]
+    assert steps == [1, 2]
