@@ -10,6 +10,7 @@ import gzip
 import json
 import logging
 import lzma
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -210,7 +211,17 @@ def text_documents(dataset, text_field: str, source: str):
     kind = getattr(feature, "dtype", type(feature).__name__)
     if feature is not None and kind not in ("string", "large_string"):
         raise ValueError(f"{source}: column {text_field!r} holds {kind} values, not text: set the text field")
-    return dataset.select_columns([text_field]).filter(lambda row: bool(row[text_field] and row[text_field].strip()))
+    dataset = dataset.select_columns([text_field])
+    if hasattr(dataset, "num_rows"):  # loaded (a stream is not read twice): records without the field are said
+        missing = dataset.filter(lambda row: row[text_field] is None).num_rows
+        if missing:
+            print(
+                f"warning: {missing} of the {dataset.num_rows} records of {source} have no {text_field!r} field and "
+                "are left out",
+                file=sys.stderr,
+                flush=True,
+            )
+    return dataset.filter(lambda row: bool(row[text_field] and row[text_field].strip()))
 
 
 def read_texts(files: Sequence[str | Path], text_field: str = "text") -> list[str]:

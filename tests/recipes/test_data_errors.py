@@ -59,3 +59,12 @@ def test_a_bad_record_a_stream_reaches_late_is_named_and_the_state_saved(tiny_so
     assert err[-1].startswith(f"error: the training data cannot be read at step 2 ({data}: line {line} is not JSON")
     assert f"the state before that step is saved in {out / 'checkpoints' / 'step-00000001'}" in err[-1]
     assert (out / "checkpoints" / "step-00000001" / "run_state.json").is_file()
+
+
+def test_records_without_the_text_field_are_said(tmp_path, capsys):
+    from path_hf.evaluation import read_texts
+
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "one"}\n{"body": "two"}\n{"text": "three"}\n{"title": "four"}\n')
+    assert read_texts([str(data)]) == ["one", "three"]
+    assert f"warning: 2 of the 4 records of {data} have no 'text' field and are left out" in capsys.readouterr().err
