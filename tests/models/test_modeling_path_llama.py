@@ -320,7 +320,11 @@ def test_mixed_path_layers():
     torch.testing.assert_close(plain(x, cos_sin, None)[0], llama(x, cos_sin, None)[0])
 
 
-PACKING_CASES = {"all-path": {}, "mixed": {"path_layers": [0]}, "nofox-noconv": {"path_forget_gate": False}}
+PACKING_CASES = {
+    "all-path": {},
+    "mixed": {"path_layers": [0]},
+    "nofox-noconv": {"path_forget_gate": False, "path_conv_size": 0},
+}
 
 
 @pytest.mark.parametrize("fields", list(PACKING_CASES.values()), ids=list(PACKING_CASES))
