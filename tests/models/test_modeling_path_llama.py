@@ -647,3 +647,32 @@ def test_post_init_draws_each_path_parameter_once(monkeypatch):
     order = {pid: i for i, pid in enumerate(fresh)}
     assert drawn == sorted(drawn, key=order.__getitem__) and len(drawn) == len(set(drawn)) > 0
     assert len(layer_zero) == len(fresh)
+
+
+def test_right_padded_rows_decode_token_by_token_as_their_sequences_alone():
+    """Right-padded rows fed one token at a time (padding included, masked out) and then decoded further: a padding
+    step must transform nothing (beta and the forget gate masked) and feed nothing, or every later token of the
+    shorter row sees it. Each row's logits are those of its own sequence run whole."""
+    from transformers import DynamicCache
+
+    # Without the convolution: its state steps over every slot, padding included (decoding after right padding is
+    # for the transforms and the gate; generate pads on the left).
+    model = tiny_model(rope_mode="keep", path_conv_size=0)
+    lengths, new = (7, 4), 3
+    sequences = [random_tokens(1, n + new, seed=n)[0] for n in lengths]
+    T = max(lengths)
+    ids = random_tokens(len(lengths), T + new, seed=3)  # real tokens under the padding: they must be ignored
+    mask = torch.zeros_like(ids)
+    for row, (s, n) in enumerate(zip(sequences, lengths, strict=True)):
+        ids[row, :n], mask[row, :n] = s[:n], 1
+        ids[row, T:], mask[row, T:] = s[n:], 1  # the decoded tokens, after the padding
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    logits = []
+    for t in range(T + new):
+        step = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], position_ids=positions[:, t : t + 1],
+                     cache=cache, use_cache=True)  # fmt: skip
+        logits.append(step.logits[:, -1])
+    logits = torch.stack(logits, dim=1)
+    for row, s in enumerate(sequences):
+        assert max_rel_err(logits[row][mask[row].bool()], model(s[None]).logits[0]) < 1e-5, row
