@@ -390,9 +390,34 @@ def replica_checksums(model: nn.Module, accelerator: Accelerator) -> list[float]
     return accelerator.gather(checksum[None]).tolist()
 
 
-def save_final_model(model: nn.Module, tokenizer, accelerator: Accelerator, output_dir: Path, lora: bool) -> None:
-    """`final/`: a plain PaTHLlama checkpoint with its tokenizer (LoRA merged; its adapter kept in `adapter/`), saved
-    by the main process from the state dict gathered from every process (FSDP, ZeRO-3)."""
+def final_card(student: str, config: RecipeConfig) -> str:
+    """The model card of `final/`: the card of the model trained (the conversion's, with the source's licence), and
+    what the recipe did to it."""
+    card = Path(student) / "README.md"
+    text = card.read_text().rstrip() if card.is_file() else f"# {Path(config.training.output_dir).name}"
+    rows = [f"| {stage.name} | {stage.tokens:,} | {stage.learning_rate:g} |" for stage in config.stages]
+    trained = config.training.trainable
+    return f"""{text}
+
+## Trained
+
+Trained from that model by path-hf's recipe (`recipes/train.py`), parameters trained: `{trained}`; the stages:
+
+| stage | tokens | learning rate |
+|---|---:|---:|
+{chr(10).join(rows)}
+
+The run's perplexity against the source is in `recovery.json` beside this folder, its config in each checkpoint's
+`run_state.json`.
+"""
+
+
+def save_final_model(
+    model: nn.Module, tokenizer, accelerator: Accelerator, output_dir: Path, lora: bool, card: str | None = None
+) -> None:
+    """`final/`: a plain PaTHLlama checkpoint with its tokenizer (LoRA merged; its adapter kept in `adapter/`) and
+    `card` as its README.md, saved by the main process from the state dict gathered from every process (FSDP,
+    ZeRO-3)."""
     state_dict = accelerator.get_state_dict(model)
     if not accelerator.is_main_process:
         accelerator.wait_for_everyone()
@@ -404,4 +429,6 @@ def save_final_model(model: nn.Module, tokenizer, accelerator: Accelerator, outp
         state_dict = unwrapped.state_dict()
     unwrapped.save_pretrained(output_dir / "final", state_dict=state_dict)
     tokenizer.save_pretrained(output_dir / "final")
+    if card is not None:
+        (output_dir / "final" / "README.md").write_text(card)
     accelerator.wait_for_everyone()

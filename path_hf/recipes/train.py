@@ -56,6 +56,7 @@ from .data import endless_batches, evaluation_windows, load_documents, training_
 from .losses import AttentionAlignment, distillation_loss, holds_whole_weights, lm_loss
 from .models import (
     check_engine,
+    final_card,
     load_models,
     narrow_trainable,
     place_teacher,
@@ -224,7 +225,8 @@ def _train(config: RecipeConfig, earlier_outputs: list[Path]) -> dict:
     if state.step % training.save_every != 0:
         checkpointer.save()
     result = recovery.result(stopped_at_target=reached_target, replica_checksums=replica_checksums(model, accelerator))
-    save_final_model(model, tokenizer, accelerator, output_dir, lora=training.trainable == "lora")
+    card = final_card(plan.student, config)
+    save_final_model(model, tokenizer, accelerator, output_dir, lora=training.trainable == "lora", card=card)
     recovery.write(result, output_dir)
     del model, student, teacher, optimizer, scheduler, alignment, prepared  # the process group outlives them: end_run
     end_run(accelerator)

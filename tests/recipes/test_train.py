@@ -54,6 +54,10 @@ def test_all_stages_train_only_the_path_parameters_and_track_recovery(tiny_sourc
     steps = [entry["step"] for entry in log if "train/lr" in entry]
     assert steps == list(range(1, 7))  # 128 tokens / 64 per step = 2 steps per stage
     assert changed(weights(out / "converted"), weights(out / "final")) == {"w_proj", "w_conv1d", "bt_proj", "bt_gain"}
+    # the final model's card: the conversion's, and what the recipe did
+    card = (out / "final" / "README.md").read_text()
+    assert card.startswith((out / "converted" / "README.md").read_text().rstrip()) and "## Trained" in card
+    assert "| align | 128 | 0.01 |" in card and "parameters trained: `path`" in card
 
     recovery = json.loads((out / "recovery.json").read_text())
     assert set(recovery["source_ppl"]) == {"1x", "2x"}
