@@ -101,6 +101,11 @@ def named_gguf(source: str, gguf_file: str | None) -> Path | None:
                 f"--gguf-file names a file in the directory SRC, but {source} is not a directory; pass a single GGUF "
                 "file itself as SRC."
             )
+        if Path(gguf_file).name != gguf_file:  # a path: absolute, or with folders (`../x.gguf`)
+            raise SourceError(
+                f"--gguf-file takes the name of a file in {source} (such as model.Q4_K_M.gguf), got the path "
+                f"{gguf_file}; to convert a GGUF file elsewhere, pass its path as SRC instead."
+            )
         if not (path / gguf_file).is_file():
             found = _gguf_files(path)
             holds = f"it holds {', '.join(found)}" if found else "it holds no GGUF file"

@@ -125,6 +125,11 @@ def check_source_values(raw_config: dict) -> None:
         value = raw_config.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConversionError(f"the source's config.json: {key} must be a positive integer, got {value!r}.")
+    if raw_config.get("vocab_size") == 1:
+        raise ConversionError(
+            "the source's config.json: vocab_size 1 leaves one token, which every position predicts: nothing to "
+            "convert or verify (a vocabulary needs at least 2 tokens)."
+        )
     heads, kv_heads = raw_config.get("num_attention_heads"), raw_config.get("num_key_value_heads")
     if heads and kv_heads and heads % kv_heads:
         raise ConversionError(

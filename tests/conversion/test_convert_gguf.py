@@ -263,6 +263,16 @@ def test_gguf_file_missing(tmp_path, capsys):
     )
 
 
+@pytest.mark.parametrize("where", ["absolute", "parent"])
+def test_gguf_file_given_as_a_path_is_refused(tmp_path, capsys, where):
+    """--gguf-file names a file in SRC; a path (absolute, or `../x.gguf`) is refused as such, not called a link."""
+    gguf_path = write_gguf(tmp_path / "model.gguf", tiny_model(), "llama", "F32", tokenizer=False)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    named = str(gguf_path) if where == "absolute" else "../model.gguf"
+    assert_refused(capsys, tmp_path, folder, "--gguf-file", named, message=f"takes the name of a file in {folder}")
+
+
 def test_gguf_file_with_a_file_as_source(tmp_path, capsys):
     source = write_gguf(tmp_path / "model.gguf", tiny_model(), "llama", "F32", tokenizer=False)
     assert_refused(capsys, tmp_path, source, "--gguf-file", "model.gguf", message="names a file in the directory SRC")

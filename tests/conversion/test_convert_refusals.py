@@ -332,6 +332,7 @@ BAD_VALUES = {
     "layers-as-text": ({"num_hidden_layers": "3"}, "num_hidden_layers must be a positive integer, got '3'"),
     "no-positions": ({"max_position_embeddings": -1}, "max_position_embeddings must be a positive integer, got -1"),
     "eps-nan": ({"rms_norm_eps": float("nan")}, "rms_norm_eps must be a positive number, got nan"),
+    "one-token": ({"vocab_size": 1}, "vocab_size 1 leaves one token"),
     "theta-0": ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}}, "rope_theta must be a positive"),
     "rope-bogus": ({"rope_parameters": {"rope_type": "bogus", "rope_theta": 1e4}}, "rope_type 'bogus' is not one"),
     "yarn-half": (
