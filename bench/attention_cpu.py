@@ -17,7 +17,7 @@ torch.utils.checkpoint, recomputed in backward), PaTH both ways: the walk's runn
 (`recompute=False`, what a checkpointed PaTH layer does) and recomputed in backward from every 8th step's
 (`recompute=True`, the default for long walks).
 With --ops-before COMMIT, the main table also times `path_attention` of path_hf.ops as it was at COMMIT (method
-`path@COMMIT`), interleaved with today's, and gives today's time over that one.
+`path@COMMIT`), interleaved with the working tree's, and gives the working tree's time over that one.
 Writes a Markdown table to stdout and JSON to bench/out/.
 """
 
@@ -46,7 +46,7 @@ from path_hf import ops
 
 METHODS = ("sdpa", "path")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-GOALS = {"fwd": 2.0, "fwd+bwd": 2.5}  # issue 25: PaTH's time over SDPA+RoPE's, at every length
+GOALS = {"fwd": 2.0, "fwd+bwd": 2.5}  # the goals: PaTH's time over SDPA+RoPE's, at every length
 MODES = ("fwd", "fwd+bwd")
 RECOMPUTE = {"auto": None, "on": True, "off": False}
 # On a shared 2-core machine two OpenMP threads stall whenever another process holds a core: we saw 10x
@@ -119,7 +119,7 @@ def make_step(case: Case, inputs: dict[str, torch.Tensor]) -> Callable[[], objec
         w_raw, b_raw = inputs["w"], inputs["b"]
         _, _, commit = case.method.partition("@")
         path_attention = (load_ops_at(commit) if commit else ops).path_attention
-        # `recompute` only when asked: path_attention had none before issue 11
+        # `recompute` only when asked: older commits' path_attention has none
         options = {} if case.recompute == "auto" else {"recompute": RECOMPUTE[case.recompute]}
 
         g_raw = inputs.get("g")
@@ -394,7 +394,7 @@ def main() -> None:
         base = {r["mode"]: r["median_ms"] for r in sweep if r["method"] == "sdpa"}
         print(sweep_table([r for r in sweep if r["method"] == "path"], base, args.memory))
 
-    # Goals (issue 25): PaTH at most GOALS[mode] times SDPA+RoPE at every length measured.
+    # The goals: PaTH at most GOALS[mode] times SDPA+RoPE at every length measured.
     by_key = {(r["method"], r["seq_len"], r["mode"]): r["median_ms"] for r in rows}
     for mode, goal in GOALS.items():
         ratios = {t: by_key[("path", t, m)] / by_key[("sdpa", t, m)] for (_, t, m) in by_key if m == mode}

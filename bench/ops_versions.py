@@ -1,4 +1,4 @@
-"""path_hf.ops as it was at an earlier commit, for benchmarks that time it against today's in the same run."""
+"""path_hf.ops as it was at an earlier commit, for benchmarks that time it against the current one in the same run."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 @cache
 def load_ops_at(commit: str) -> ModuleType:
     """path_hf.ops as it was at `commit`: ops.py and the files it imports relatively, whichever that commit has (one
-    file before issue 12, several since), read with `git show`, written to a package of their own and imported from
-    there."""
+    file at older commits, several at newer ones), read with `git show`, written to a package of their own and imported
+    from there."""
     package = "ops_at_" + re.sub(r"\W", "_", commit)
     with tempfile.TemporaryDirectory() as directory:
         folder = Path(directory) / package

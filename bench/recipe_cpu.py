@@ -14,8 +14,8 @@ shapes on its own. Prints a Markdown table (seconds per step, tokens/s, the rati
 
 `--ops-before COMMIT` (repeatable) also times every case but `core` with path_hf.ops as it was at that commit
 (`path_hf/ops.py` and the files it imports relatively, read with `git show`, loaded as a package of their own),
-labelled `case@COMMIT`: e.g. `align-whole@8aac2a5`, the recipe as it stood before issue 9. Each row's ratio is
-against the first row of its stage (align or distill) in the same run.
+labelled `case@COMMIT`: e.g. `align-whole@8aac2a5`, the whole-model align case with the ops of commit 8aac2a5. Each
+row's ratio is against the first row of its stage (align or distill) in the same run.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class CoreTimer:
     """Accumulates the wall time spent in the torch backend's PaTH attention forward (of `module`, ops by default)."""
 
     module = ops
-    # The torch backend's function: the name in ops.py that path_attention calls (before issue 12, the second).
+    # The torch backend's function: the name in ops.py that path_attention calls (at older commits, the second).
     BACKEND_NAMES = ("chunk_path_attention", "_chunked_path_attention")
 
     def __init__(self):

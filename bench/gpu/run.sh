@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU benchmark for one CUDA machine without network: the H200 of the device tool, under 8 minutes of work. This is
-# the body of bench/gpu.sh, which runs it with the same arguments and environment (bench/gpu/README.md).
+# GPU benchmark for one CUDA machine without network, sized for under 8 minutes of work on one H200. This is the body
+# of bench/gpu.sh, which runs it with the same arguments and environment (bench/gpu/README.md).
 # bench/gpu/gpu_bench.py measures FLA's PaTH kernels against ours and RoPE + SDPA (parity, time, memory, train and
 # decode tokens/s), and converts, recovers and evaluates SmolLM2-135M-Instruct from its GGUF (bench/gpu/gpu_smollm2.py:
 # the CPU recipe's design, RoPE interleaved with PaTH and the forget gate, align and distill at 512- and 2048-token
@@ -8,14 +8,16 @@
 # on the source and on the recovered model). Results in $OUT (or bench/out): gpu.log, gpu_bench.json, gpu_bench.md,
 # smollm2_logs.txt and three plots.
 #
-# The device tool carries at most 64 MiB per call, working tree included, and the GGUF is 98 MB: it travels in
-# parts, one per call, each stored in $GPU_STORE (/tmp/path-hf-gpu) while the machine stays warm (30 s after a
-# call: make the next call at once). The call that completes the model joins the parts, checks the sha256, installs
-# the wheels (bench/gpu/wheels, `pip --no-deps --target`) and runs everything.
+# The bundle reaches the machine in calls: each runs one command there in a copy of the working tree, with a few
+# extra folders sent along (the carry), and sends at most bench/gpu/gpu_carry.py's CALL_LIMIT (64 MiB as set: change
+# it to what your transfer allows), working tree included. The GGUF is 98 MB, so it travels in parts, one per call,
+# each stored in $GPU_STORE (/tmp/path-hf-gpu) on the machine until all have arrived: every call must reach the same
+# machine. The call that completes the model joins the parts, checks the sha256, installs the wheels
+# (bench/gpu/wheels, `pip --no-deps --target`) and runs everything.
 #
 #   make bench-gpu-prepare    # here, with network: wheels, the GGUF cut into bench/gpu/carry/<call>/; prints the calls
 #
-# then, with the device tool's `run`, one call right after the other (sizes as measured with a 22.0 MB working tree;
+# then, one call after the other (sizes as measured with a 22.0 MB working tree and the 64 MiB limit;
 # `make bench-gpu-prepare` prints them for the tree as it is):
 #
 #   1. command "bash bench/gpu.sh 1"  carry ["bench/gpu/carry/1"]                      timeout_s 60   payload 58.0 MiB
@@ -23,7 +25,7 @@
 #   3. command "bash bench/gpu.sh 3"  carry ["bench/gpu/carry/3", "bench/gpu/wheels"]  timeout_s 560  payload 58.0 MiB
 #
 # Calls 1 and 2 take seconds (they also print which of the wheels' requirements the machine does not meet); call 3
-# works for about 8 minutes. `bash bench/gpu.sh run [gpu_bench.py args]` runs again on a warm machine that has the
+# works for about 8 minutes. `bash bench/gpu.sh run [gpu_bench.py args]` runs again on a machine that still has the
 # model (carry ["bench/gpu/wheels"]). `--dry-run-cpu` does all of it on a CPU (make bench-gpu-dry-run).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
