@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from .arguments import add_arguments, from_arguments
 from .commands.convert import convert
 from .commands.eval import EvalOptions, run_eval
+from .commands.serve import ServeOptions, run_serve
 from .conversion.options import ConvertOptions
 from .errors import CommandError
 
@@ -36,6 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
         "table; writes JSON and a plot on request.",
     )
     add_arguments(eval_parser, EvalOptions)
+    serve_parser = commands.add_parser(
+        "serve",
+        help="an OpenAI-compatible server (chat completions, completions) for a PaTH model",
+        description="Serve a PaTH checkpoint with transformers' own server (`transformers serve`): /v1/models, "
+        "/v1/chat/completions and /v1/completions, streaming or not, the model loaded with path_hf's classes.",
+    )
+    add_arguments(serve_parser, ServeOptions)
     return parser
 
 
@@ -73,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 convert(from_arguments(args, ConvertOptions))
             elif args.command == "eval":
                 run_eval(from_arguments(args, EvalOptions))
+            elif args.command == "serve":
+                run_serve(from_arguments(args, ServeOptions))
     except KeyboardInterrupt:
         print("interrupted; nothing was written", file=sys.stderr)
         return 130
