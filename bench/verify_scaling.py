@@ -164,11 +164,11 @@ def convert_and_report(kind: str, source: Path, output: Path) -> int:
     """`path-hf convert --from SOURCE --to OUTPUT --rope keep --init identity --verify` in this process, by
     `convert`, with the written checkpoint made wrong before it is verified unless `kind` is "exact"; prints, as
     JSON on its last line, what the verification measured and the perturbation achieved. Returns the exit code."""
-    import path_hf.commands.convert
+    import path_hf.conversion.convert
     from path_hf.conversion.options import ConvertOptions
     from path_hf.conversion.verify import VerificationFailed
 
-    write_conversion = path_hf.commands.convert.write_conversion
+    write_conversion = path_hf.conversion.convert.write_conversion
     achieved: list[float] = []
 
     def write_then_break(plan, directory):
@@ -178,10 +178,10 @@ def convert_and_report(kind: str, source: Path, output: Path) -> int:
         elif kind == "perturbed":
             edit_in_place(directory, (PERTURBED,), lambda tensor: perturb(tensor, achieved))
 
-    path_hf.commands.convert.write_conversion = write_then_break
+    path_hf.conversion.convert.write_conversion = write_then_break
     options = ConvertOptions(source=str(source), output=str(output), **VERIFY_OPTIONS)
     try:
-        verification, code = path_hf.commands.convert.convert(options).verification, 0
+        verification, code = path_hf.conversion.convert.convert(options).verification, 0
     except VerificationFailed as failed:
         print(f"error: {failed}", file=sys.stderr, flush=True)
         verification, code = failed.result, 1

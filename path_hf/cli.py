@@ -12,9 +12,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from .arguments import add_arguments, from_arguments
-from .commands.convert import convert
 from .commands.eval import EvalOptions, run_eval
 from .commands.serve import ServeOptions, run_serve
+from .conversion.convert import convert
 from .conversion.options import ConvertOptions
 from .errors import CommandError
 

@@ -41,7 +41,7 @@ from .architectures import ARCHITECTURES
 from .io import SafetensorsWriter, SourceTensor, SourceWeights, TensorMeta
 from .options import ConvertOptions
 from .sources import GGUFCheckpoint, Source, follow_links, links_outside
-from .staging import check_destination, check_disk_space, destination_lock, staging_directory
+from .staging import check_disk_space, check_overlap, destination_lock, staging_directory
 
 # GGUF architectures transformers reads (config and tensor names) whose models path-hf converts. llama.cpp stores
 # Mistral models as "llama"; gguf-py knows no "mistral" architecture, so transformers cannot map one's tensors.
@@ -131,7 +131,7 @@ def gguf_source(options: ConvertOptions) -> Iterator[Source | None]:
     if options.revision is not None:
         raise ConversionError(f"--revision applies to hub ids, but {path} is a local GGUF file.")
     output = Path(options.output).expanduser().resolve()
-    check_destination(output, options.force, path)
+    check_overlap(output, path)  # `convert` checked the destination; a link may put the file elsewhere
     if (directory := Path(options.source).expanduser()).is_dir():  # a file SRC itself is followed: the user named it
         directory = directory.resolve()
         links = links_outside(directory, [directory / named.relative_to(Path(options.source).expanduser())])

@@ -1,11 +1,11 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
 """Plan a conversion from the source's config and shard headers alone: no tensor data is read.
 
-`plan_conversion` runs the steps in order, each refusing with a `ConversionError` what it cannot take: the destination,
-links out of the source folder (without `--follow-symlinks`), the source's config (architecture, attention,
-`--layers`), the converted config, every source tensor's name and shape against the converted model's layout, the
-output's tensors in the order they will be written and cut into shards, the other files to carry over, and the free
-disk space.
+`plan_conversion` runs the steps in order, each refusing with a `ConversionError` what it cannot take: a source that
+overlaps the destination (the destination itself is `convert`'s to check, first), links out of the source folder
+(without `--follow-symlinks`), the source's config (architecture, attention, `--layers`), the converted config, every
+source tensor's name and shape against the converted model's layout, the output's tensors in the order they will be
+written and cut into shards, the other files to carry over, and the free disk space.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from .architectures import (
 from .io import SourceTensor, SourceWeights, TensorMeta, find_weight_files, split_into_shards
 from .options import CONTEXT, UNRECORDED_OPTIONS, ConvertOptions, format_heads, format_layers, format_size
 from .sources import WEIGHT_SUFFIXES, Source, fetch_weights, follow_links, links_outside, resolve_source
-from .staging import check_destination, check_disk_space
+from .staging import check_disk_space, check_overlap
 
 # Top-level files of a source that are not carried over as they are: what the converter writes itself.
 _REPLACED_FILES = (CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME, "README.md")
@@ -357,7 +357,7 @@ def plan_conversion(options: ConvertOptions, source: Source | None = None) -> Co
     """
     output = Path(options.output).expanduser()
     source = source or resolve_source(options.source, options.revision)
-    check_destination(output, options.force, source.path)
+    check_overlap(output, source.path)  # `convert` checked the destination, before a hub source was known
     check_source_links(source, options.follow_symlinks)
     architecture, source_config = read_source_config(source, options)
     fetch_weights(source)

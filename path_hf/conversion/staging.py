@@ -65,10 +65,8 @@ def check_destination(output: Path, force: bool, source: Path | None = None) -> 
                 f"the destination {output} is {what}, which a conversion would replace whole; write the model to a "
                 f"new folder, e.g. --to {output / 'model-path'}."
             )
-    if source is not None and output.is_relative_to(source):
-        raise ConversionError(f"the destination {output} is inside the source {source}.")
-    if source is not None and source.is_relative_to(output):
-        raise ConversionError(f"the source {source} is inside the destination {output}, which would be replaced.")
+    if source is not None:
+        check_overlap(output, source)
     if output.exists() and not output.is_dir():
         raise ConversionError(f"the destination {output} is a file, not a model folder; choose a new or empty folder.")
     if output.is_dir() and any(output.iterdir()):
@@ -79,6 +77,16 @@ def check_destination(output: Path, force: bool, source: Path | None = None) -> 
             )
         if not force:
             raise ConversionError(f"{output} exists and holds a model; pass --force to replace it.")
+
+
+def check_overlap(output: Path, source: Path) -> None:
+    """Refuse a destination inside `source` (resolved), or `source` inside it (it would be replaced): part of
+    `check_destination`, and what is checked again of a source known only later (a hub snapshot, a linked GGUF)."""
+    output = output.resolve()
+    if output.is_relative_to(source):
+        raise ConversionError(f"the destination {output} is inside the source {source}.")
+    if source.is_relative_to(output):
+        raise ConversionError(f"the source {source} is inside the destination {output}, which would be replaced.")
 
 
 def _protected_directories() -> list[tuple[str, Path]]:
@@ -356,6 +364,7 @@ __all__ = [
     "StagingDirectory",
     "check_destination",
     "check_disk_space",
+    "check_overlap",
     "clear_stale_staging",
     "destination_lock",
     "disk_margin",

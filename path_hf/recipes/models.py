@@ -20,7 +20,7 @@ from transformers import PretrainedConfig
 
 from .. import PaTHLlamaAttention, PaTHLlamaConfig, PaTHLlamaForCausalLM
 from ..arguments import flag
-from ..commands.convert import convert
+from ..conversion.convert import convert
 from ..conversion.options import RUN_OPTIONS, ConvertOptions
 from ..errors import ConversionError, RecipeError, SourceError, first_line
 from ..loading import load_causal_lm, load_config

@@ -18,7 +18,7 @@ from transformers import (
 
 from path_hf.arguments import from_arguments
 from path_hf.cli import build_parser, main
-from path_hf.commands.convert import Conversion, convert
+from path_hf.conversion.convert import Conversion, convert
 from path_hf.conversion.options import ConvertOptions
 from path_hf.conversion.verify import TEXT_FILE
 from tests.tiny import WIDE, tiny_config, tiny_fields

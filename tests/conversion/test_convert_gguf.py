@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import path_hf  # noqa: F401  (registers path_llama)
-import path_hf.commands.convert
+import path_hf.conversion.convert
 import path_hf.conversion.plan
 import path_hf.conversion.staging
 from path_hf.conversion.gguf import gguf_source
@@ -172,7 +172,7 @@ def test_an_interrupted_conversion_leaves_nothing(tmp_path, capsys, monkeypatch)
         assert (plan.source.path / "model.safetensors").is_file()  # the GGUF is materialised by now
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(path_hf.commands.convert, "write_conversion", interrupted)
+    monkeypatch.setattr(path_hf.conversion.convert, "write_conversion", interrupted)
     assert run_cli(capsys, "convert", "--from", source, "--to", output)[0] == 130
     assert leftovers(tmp_path, output) == []
 

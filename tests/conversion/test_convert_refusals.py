@@ -9,7 +9,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 from transformers import GPT2Config, MixtralConfig
 
-import path_hf.commands.convert
+import path_hf.conversion.convert
 import path_hf.conversion.gguf
 import path_hf.conversion.staging
 from path_hf.conversion.io import SafetensorsWriter
@@ -280,7 +280,7 @@ def test_hub_id_not_in_cache_offline(tmp_path, capsys, monkeypatch):
 
 def test_verify_failure_leaves_nothing(tmp_path, capsys, monkeypatch):
     """A weight that lands in the wrong place fails --verify, and the output is not moved into place."""
-    write_conversion = path_hf.commands.convert.write_conversion
+    write_conversion = path_hf.conversion.convert.write_conversion
 
     def misplace_a_weight(plan, directory):
         write_conversion(plan, directory)
@@ -288,7 +288,7 @@ def test_verify_failure_leaves_nothing(tmp_path, capsys, monkeypatch):
         tensors["model.layers.0.mlp.up_proj.weight"] = tensors["model.layers.1.mlp.up_proj.weight"].clone()
         save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
 
-    monkeypatch.setattr(path_hf.commands.convert, "write_conversion", misplace_a_weight)
+    monkeypatch.setattr(path_hf.conversion.convert, "write_conversion", misplace_a_weight)
     source = make_source(tmp_path / "source", "llama")
     assert_refused(capsys, tmp_path, source, "--verify", message="verification failed: the converted model's logits")
 

@@ -7,7 +7,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
-import path_hf.commands.convert
+import path_hf.conversion.convert
 import path_hf.conversion.verify
 from path_hf.conversion.options import VERIFY_TOLERANCE
 from path_hf.conversion.verify import VerificationFailed, VerifyResult, relative_difference, streamed_logits
@@ -44,7 +44,7 @@ def swap(tensors, first: str, second: str) -> None:
 def convert_with(monkeypatch, capsys, tmp_path, source, edit=None) -> tuple[VerifyResult, str, str | None]:
     """`path-hf convert --rope keep --init identity --verify` with `edit` applied to the written checkpoint before it
     is verified: (what the verification measured, stdout, the error's message or None if it passed)."""
-    write_conversion = path_hf.commands.convert.write_conversion
+    write_conversion = path_hf.conversion.convert.write_conversion
 
     def write_then_edit(plan, directory):
         write_conversion(plan, directory)
@@ -53,7 +53,7 @@ def convert_with(monkeypatch, capsys, tmp_path, source, edit=None) -> tuple[Veri
 
     output = tmp_path / "converted"
     with monkeypatch.context() as patch:
-        patch.setattr(path_hf.commands.convert, "write_conversion", write_then_edit)
+        patch.setattr(path_hf.conversion.convert, "write_conversion", write_then_edit)
         try:
             conversion, out = convert_in_process(
                 capsys, "--from", source, "--to", output, "--rope", "keep", "--init", "identity", "--verify"

@@ -8,9 +8,9 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from path_hf.cli import main
-from path_hf.commands.convert import convert
 from path_hf.commands.eval import EvalOptions, ModelSpec, run_eval
 from path_hf.conversion import ConvertOptions
+from path_hf.conversion.convert import convert
 from path_hf.errors import ConversionError, EvaluationError, SourceError
 from path_hf.loading import GGUFFile, load_config
 from tests.conversion.gguf_files import tiny_model, write_gguf

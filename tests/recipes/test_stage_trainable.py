@@ -63,7 +63,7 @@ def test_a_gate_stage_trains_only_the_gate_and_resumes_exactly(tiny_source, tmp_
 
 
 def test_narrow_trainable_intersects_the_run_and_the_stage_sets(tiny_source, tmp_path):
-    from path_hf.commands.convert import convert
+    from path_hf.conversion.convert import convert
     from path_hf.conversion.options import ConvertOptions
 
     convert(ConvertOptions(source=str(tiny_source), output=str(tmp_path / "path"), rope="drop", forget_gate=True))

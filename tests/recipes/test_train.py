@@ -200,7 +200,7 @@ def test_packed_blocks_restart_positions_at_each_document():
 def test_alignment_loss_is_zero_for_an_exact_conversion(tmp_path, rope, exact, isolated):
     """With RoPE kept and identity transforms a PaTH layer computes the source layer: the stage-1 loss is 0, which
     it can only be if every PaTH attention ran on its own source layer's input and was compared to its output."""
-    from path_hf.commands.convert import convert
+    from path_hf.conversion.convert import convert
     from path_hf.conversion.options import ConvertOptions
 
     # Weights large enough that the attention outputs are of order 1.
@@ -222,7 +222,7 @@ def test_alignment_loss_is_zero_for_an_exact_conversion(tmp_path, rope, exact, i
 def test_a_bfloat16_teacher_leaves_the_student_its_own_rope_tables(tmp_path):
     """A bfloat16 teacher records cos/sin rounded to bfloat16; the student's attention gets its own tables, from its
     rotary embedding at its precision, computed once a step."""
-    from path_hf.commands.convert import convert
+    from path_hf.conversion.convert import convert
     from path_hf.conversion.options import ConvertOptions
 
     source = make_source(tmp_path / "source", "llama")
@@ -267,7 +267,7 @@ def test_distillation_loss_is_the_kl_over_predicting_positions_by_brute_force(tm
     whose next token is in their own document, with its gradients, at a temperature other than 1: with the logits
     formed chunk by chunk from the final hidden states (one process, DDP) and from the models' whole logits (FSDP,
     DeepSpeed). The student's head is untied, so its own gradient is checked too."""
-    from path_hf.commands.convert import convert
+    from path_hf.conversion.convert import convert
     from path_hf.conversion.options import ConvertOptions
     from path_hf.recipes.losses import distillation_loss
 
@@ -305,7 +305,7 @@ def test_isolated_alignment_equals_the_whole_student_run(tmp_path):
     """Running each PaTH attention alone on the teacher's input, backpropagated layer by layer, gives the loss and
     the gradients of the whole student's forward with the inputs substituted, also when the whole student recomputes
     its layers in backward (activation checkpointing: the hooks must again feed the teacher's inputs)."""
-    from path_hf.commands.convert import convert
+    from path_hf.conversion.convert import convert
     from path_hf.conversion.options import ConvertOptions
 
     source = make_source(tmp_path / "source", "llama", initializer_range=0.3)
@@ -359,7 +359,7 @@ def test_shipped_configs_parse_and_start_with_their_launch_line(path):
 
 
 def test_a_converted_checkpoint_finds_its_teacher_in_the_conversion_record(tiny_source, tmp_path):
-    from path_hf.commands.convert import convert
+    from path_hf.conversion.convert import convert
     from path_hf.conversion.options import ConvertOptions
 
     convert(ConvertOptions(source=str(tiny_source), output=str(tmp_path / "path"), rope="keep", init="identity"))
@@ -374,7 +374,7 @@ def test_a_converted_checkpoint_finds_its_teacher_in_the_conversion_record(tiny_
 
 def test_packed_blocks_keep_documents_apart_in_both_models(tiny_source, tmp_path):
     """The recipe's blocks give every document the logits it gets alone, in the RoPE teacher and the PaTH model."""
-    from path_hf.commands.convert import convert
+    from path_hf.conversion.convert import convert
     from path_hf.conversion.options import ConvertOptions
 
     convert(ConvertOptions(source=str(tiny_source), output=str(tmp_path / "path"), rope="drop"))
@@ -553,7 +553,7 @@ def test_files_whose_records_carry_different_fields_mix(tiny_source, tmp_path):
 
 
 def test_lora_all_linear_never_wraps_the_path_projections(tiny_source, tmp_path):
-    from path_hf.commands.convert import convert
+    from path_hf.conversion.convert import convert
     from path_hf.conversion.options import ConvertOptions
 
     options = ConvertOptions(source=str(tiny_source), output=str(tmp_path / "path"), forget_gate=True)
@@ -579,7 +579,7 @@ def test_isolated_alignment_runs_under_the_accelerators_mixed_precision(tmp_path
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    from path_hf.commands.convert import convert
+    from path_hf.conversion.convert import convert
     from path_hf.conversion.options import ConvertOptions
 
     source = make_source(tmp_path / "source", "llama")

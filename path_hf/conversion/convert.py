@@ -1,12 +1,11 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
-"""`path-hf convert`: plan a conversion from headers and config alone (`conversion.plan`), then stream it into a
-new directory (`conversion.write`), optionally verified (`conversion.verify`). The command over the `conversion`
-package, beside `path-hf eval` (`commands.eval`).
+"""`convert`, what `path-hf convert` runs: plan a conversion from headers and config alone (`plan`), then stream it
+into a new directory (`write`), optionally verified (`verify`). `path_hf.cli` and conversion/convert.py parse the
+flags into a `ConvertOptions` and call it; the recipes call it to convert a model on the fly.
 
-Everything goes to a staging directory beside the destination, renamed into place at the end (`conversion.staging`);
-a GGUF source is first materialised as a checkpoint beside it (`conversion.gguf`). Ctrl-C, SIGTERM or an error
-delete both: there is never a partial destination. The destination's lock is held throughout: two conversions to it
-never run at once.
+Everything goes to a staging directory beside the destination, renamed into place at the end (`staging`); a GGUF
+source is first materialised as a checkpoint beside it (`gguf`). Ctrl-C, SIGTERM or an error delete both: there is
+never a partial destination. The destination's lock is held throughout: two conversions to it never run at once.
 """
 
 from __future__ import annotations
@@ -17,17 +16,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..atomic import atomic_directory
-from ..conversion.gguf import gguf_source
-from ..conversion.options import ConvertOptions, format_size
-from ..conversion.plan import ConversionPlan, plan_conversion
-from ..conversion.sources import resolve_source
-from ..conversion.staging import check_destination, clear_stale_staging, destination_lock, staging_directory
-from ..conversion.write import write_conversion
 from ..errors import ConversionError, SourceError
 from ..loading import TOKENIZER_FILES
+from .gguf import gguf_source
+from .options import ConvertOptions, format_size
+from .plan import ConversionPlan, plan_conversion
+from .sources import resolve_source
+from .staging import check_destination, clear_stale_staging, destination_lock, staging_directory
+from .write import write_conversion
 
 if TYPE_CHECKING:
-    from ..conversion.verify import VerifyResult
+    from .verify import VerifyResult
 
 
 @dataclass(frozen=True)
@@ -39,14 +38,14 @@ class Conversion:
 
 
 def convert(options: ConvertOptions) -> Conversion:
-    """Run `path-hf convert`: plan, print the plan, and (unless `--dry-run`) write and optionally verify the
-    converted checkpoint, atomically. The destination is checked first (`check_destination`), then locked until the
-    output is in place (`destination_lock`: a second conversion to it is refused meanwhile). Staging directories that
-    killed conversions to the same destination left are removed next (`clear_stale_staging`). A GGUF source is
-    materialised beside the destination, and removed at the end whatever happens. With `--retrieval-layers` (or
-    `--full-heads`) the source runs first, to choose the PaTH layers (or the full heads: `conversion.retrieval`). A
-    failed verification raises `VerificationFailed`, which holds what it measured. A source that cannot be found or
-    read (`path_hf.loading`'s `SourceError`) raises `ConversionError` with the same message."""
+    """Run a conversion as `path-hf convert` does: plan, print the plan, and (unless `--dry-run`) write and optionally
+    verify the converted checkpoint, atomically. The destination is checked first, once (`check_destination`), then
+    locked until the output is in place (`destination_lock`: a second conversion to it is refused meanwhile). Staging
+    directories that killed conversions to the same destination left are removed next (`clear_stale_staging`). A
+    GGUF source is materialised beside the destination, and removed at the end whatever happens. With
+    `--retrieval-layers` (or `--full-heads`) the source runs first, to choose the PaTH layers (or the full heads:
+    `retrieval`). A failed verification raises `VerificationFailed`, which holds what it measured. A source that
+    cannot be found or read (`path_hf.loading`'s `SourceError`) raises `ConversionError` with the same message."""
     try:
         return _convert(options)
     except SourceError as error:
@@ -56,13 +55,14 @@ def convert(options: ConvertOptions) -> Conversion:
 def _convert(options: ConvertOptions) -> Conversion:
     output = Path(options.output).expanduser().resolve()
     local = Path(options.source).expanduser()
-    # Before anything is made beside it; the plan checks it again, against a hub source too.
+    # Once, before anything is made beside it; the GGUF file and a hub snapshot, known later, are checked against
+    # it then (`check_overlap`).
     check_destination(output, options.force, local.resolve() if local.exists() else None)
     with destination_lock(output, create_parent=not options.dry_run):
         clear_stale_staging(output, remove=not options.dry_run)
         with gguf_source(options) as source:
             if options.retrieval_layers is not None or options.full_heads is not None:
-                from ..conversion.retrieval import (
+                from .retrieval import (
                     choose_retrieval_layers,  # runs the source: imported only when asked for
                 )
 
@@ -79,7 +79,7 @@ def _convert(options: ConvertOptions) -> Conversion:
                 seconds = time.perf_counter() - start
                 verification = None
                 if options.verify:
-                    from ..conversion.verify import verify_conversion  # builds models: imported only when asked for
+                    from .verify import verify_conversion  # builds models: imported only when asked for
 
                     verification = verify_conversion(plan, staging)
                     print(verification.describe(), flush=True)
