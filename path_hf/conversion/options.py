@@ -17,7 +17,7 @@ from ..evaluation.retrieval_heads import RETRIEVAL_DEPTHS, RETRIEVAL_TRIALS
 
 # --verify: the largest max |logits - source logits| / std(source logits), both models in float64 with the
 # transforms at identity. Rounding gives ~1e-14 (SmolLM2); one tensor perturbed by 1e-3 of its RMS gives 3e-4 to
-# 5e-3, a misplaced one 1 to 10 (path_hf/conversion/README.md).
+# 5e-3, a misplaced one 1 to 10 (conversion/README.md).
 VERIFY_TOLERANCE = 1e-6
 _DEFAULT_SHARD_SIZE = "5GB"
 # `--retrieval-layers`: the longest default length of its passkey prompts (a forward pass each, on the whole source).
