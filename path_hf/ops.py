@@ -49,7 +49,7 @@ def fla_unsupported_reason(q: torch.Tensor, v: torch.Tensor | None = None) -> st
     if bad:
         return f"head dim {bad[0]} is not one FLA's PaTH kernel supports {FLA_HEAD_DIMS}"
     if not fla_available():
-        return "flash-linear-attention or triton is not installed (pip install 'path-hf[fla]')"
+        return "flash-linear-attention or triton is not installed (pip install 'flash-linear-attention>=0.6' triton)"
     return None
 
 

@@ -269,9 +269,12 @@ model = AutoModelForCausalLM.from_pretrained("{Path(plan.options.output).name}",
 tokenizer = AutoTokenizer.from_pretrained("{Path(plan.options.output).name}")
 ```
 
-Without path-hf installed, `from_pretrained(..., trust_remote_code=True)` loads the model code stored beside the
-weights. PaTH attention runs with flash-linear-attention's Triton kernel on CUDA when it is installed
-(`pip install 'path-hf[fla]'`) and with a PyTorch implementation everywhere else.
+path-hf installs from a checkout of its repository: `pip install ".[fla]"` there (or the wheel that its `make wheel`
+builds: `pip install "dist/path_hf-0.1.0-py3-none-any.whl[fla]"`). Without path-hf installed,
+`from_pretrained(..., trust_remote_code=True)` loads the model code stored beside the weights. PaTH attention runs
+with flash-linear-attention's Triton kernel on CUDA when it is installed (the `fla` extra, or
+`pip install "flash-linear-attention>=0.6,<0.7" triton` beside the remote code) and with a PyTorch implementation
+everywhere else.
 
 ## Train
 
