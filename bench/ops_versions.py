@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 import subprocess
 import sys
@@ -33,9 +34,10 @@ def load_ops_at(commit: str) -> ModuleType:
                 show = ["git", "show", f"{commit}:path_hf/{file.name}"]
                 file.write_text(subprocess.run(show, cwd=ROOT, check=True, capture_output=True, text=True).stdout)
                 pending += get_relative_imports(file)
-        importlib.invalidate_caches()
-        sys.path.insert(0, directory)
-        try:  # the files import all they need now: the directory may go
-            return importlib.import_module(f"{package}.ops")
-        finally:
-            sys.path.remove(directory)
+        # The package from its folder, not through sys.path; the files import all they need now: the folder may go.
+        spec = importlib.util.spec_from_file_location(
+            package, folder / "__init__.py", submodule_search_locations=[str(folder)]
+        )
+        sys.modules[package] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[package])
+        return importlib.import_module(f"{package}.ops")

@@ -1,22 +1,14 @@
-"""bench/gpu/gpu_smollm2.py's stage bookkeeping, which the GPU run relies on and CI can check without a GPU: each
+"""lab/gpu/gpu_smollm2.py's stage bookkeeping, which the GPU run relies on and CI can check without a GPU: each
 stage's rate read back from the recipe's JSONL log by stage index (two stages of one name included), and the stages
 scaled by one factor to fill the training time."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
+from lab.gpu import gpu_smollm2
 from path_hf.recipes.arguments import Stage, plan_stage_blocks
 from path_hf.recipes.schedule import plan_stages, tokens_before
-
-ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("gpu_smollm2", ROOT / "bench" / "gpu" / "gpu_smollm2.py")
-gpu_smollm2 = importlib.util.module_from_spec(spec)
-sys.modules["gpu_smollm2"] = gpu_smollm2
-spec.loader.exec_module(gpu_smollm2)
 
 STAGES = [
     Stage(name="align", tokens=2048, learning_rate=1e-3),

@@ -1,4 +1,4 @@
-"""The positional-encoding lab (`examples/pe_lab`): the properties each encoding is defined by, the tasks' answers,
+"""The positional-encoding lab (`lab/pe_lab`): the properties each encoding is defined by, the tasks' answers,
 and the whole pipeline reduced (`--quick`: the outputs exist and are well formed; no number is checked)."""
 
 import json
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from examples.pe_lab import rope_by_hand
-from examples.pe_lab.positions import (
+from lab.pe_lab import rope_by_hand
+from lab.pe_lab.positions import (
     ENCODINGS,
     RESCALED_ROPE,
     RESCALINGS,
@@ -23,7 +23,7 @@ from examples.pe_lab.positions import (
     rope_frequencies,
     rotate,
 )
-from examples.pe_lab.tasks import FlipFlop, KeyCopy
+from lab.pe_lab.tasks import FlipFlop, KeyCopy
 from path_hf.evaluation import IGNORE_INDEX
 from tests import processes
 from tests.ops.path_reference import assert_close, path_attention_reference, path_scores_reference
@@ -226,7 +226,7 @@ def test_rope_by_hand():
 @pytest.mark.slow
 def test_the_lab_pipeline(tmp_path):
     out = tmp_path / "lab"
-    command = [sys.executable, "-m", "examples.pe_lab", "--quick", "--output", str(out)]
+    command = [sys.executable, "-m", "lab.pe_lab", "--quick", "--output", str(out)]
     completed = processes.run(command, timeout=300, cwd=ROOT, env=processes.environment())
     assert completed.returncode == 0, completed.stderr[-3000:]
     report = json.loads((out / "results.json").read_text())

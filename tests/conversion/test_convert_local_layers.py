@@ -101,7 +101,7 @@ def test_refused(case, tmp_path, capsys):
 def test_rope_scaling_rescales_the_global_layers_only(window, tmp_path, capsys):
     """YaRN on a hybrid (`path-hf eval --model PATH@yarn:F`) rescales the RoPE of its PaTH layers and leaves the local
     layers' alone while the window is within the training context: the identity-initialised hybrid under
-    `rope_scaling` is the source under `examples/smollm2/local_layers.py`'s hooks (renumbered sinks, YaRN's cos / sin
+    `rope_scaling` is the source under `lab/smollm2/local_layers.py`'s hooks (renumbered sinks, YaRN's cos / sin
     on the global layer, both computed independently). A window past the training context is rescaled too."""
     source = make_source(tmp_path / "source", "llama", max_position_embeddings=32)
     output = tmp_path / "converted"
@@ -136,7 +136,7 @@ def test_rope_scaling_rescales_the_global_layers_only(window, tmp_path, capsys):
 
 
 def test_shipped_recipes_convert_flags_are_the_recipes_options():
-    """`make smollm2` and bench/gpu.sh convert with `path-hf convert` and the flags of the recipe's `model.convert`:
+    """`make smollm2` and lab/gpu/run.sh convert with `path-hf convert` and the flags of the recipe's `model.convert`:
     parsed by the converter, they give the options the recipe itself would convert with (the hybrid's keys included)."""
     root = Path(__file__).resolve().parents[2]
     hybrids = {"smollm2-135m-cpu.yaml": ((7, 14, 17, 18, 20, 21, 23), 2048, 4)}

@@ -1,8 +1,7 @@
-"""`examples/smollm2/local_layers.py`: the source as a no-training hybrid. Local layers against transformers' Mistral
+"""`lab/smollm2/local_layers.py`: the source as a no-training hybrid. Local layers against transformers' Mistral
 (whose `sliding_window` is the same rule, computed by transformers' own masks), global layers with YaRN against
 `path-hf eval`'s `rope_scaling`, and the script on a tiny checkpoint."""
 
-import importlib.util
 import json
 import math
 
@@ -10,14 +9,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
+from lab.smollm2 import local_layers as script
 from path_hf.evaluation import read_texts, rope_scaling, tokenize_stream
-from tests.evaluation.eval_models import EVAL_DATA, ROOT, shapes
-
-_spec = importlib.util.spec_from_file_location(
-    "smollm2_local_layers", ROOT / "examples" / "smollm2" / "local_layers.py"
-)
-script = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(script)
+from tests.evaluation.eval_models import EVAL_DATA, shapes
 
 LENGTH, WINDOW = 48, 12
 

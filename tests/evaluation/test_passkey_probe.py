@@ -1,28 +1,18 @@
-"""examples/smollm2/passkey_probe.py: its PaTH window (with or without the first chunk as a sink) is a chunk-granular
+"""lab/smollm2/passkey_probe.py: its PaTH window (with or without the first chunk as a sink) is a chunk-granular
 cut of the brute-force attention, and each prompt's verdict and likelihood are `answer_scores`' under the variant,
 the model restored after it."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
+from lab.smollm2 import passkey_probe as probe
 from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
 from path_hf.evaluation import answer_scores, passkey_windows
 from path_hf.ops import path_attention
 from tests.evaluation.eval_models import shapes
 from tests.ops.path_reference import make_inputs, path_scores_reference
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_probe():
-    spec = importlib.util.spec_from_file_location("passkey_probe", ROOT / "examples" / "smollm2" / "passkey_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def windowed_reference(inputs: dict, chunk_size: int, steps: int, sink: bool) -> torch.Tensor:
@@ -43,7 +33,6 @@ def windowed_reference(inputs: dict, chunk_size: int, steps: int, sink: bool) ->
 
 @pytest.mark.parametrize("sink", [False, True])
 def test_path_window_cuts_the_attention_to_whole_chunks_and_is_undone_after(sink):
-    probe = load_probe()
     inputs = make_inputs(1, 96, 2, 1, 8, gate=True)
     args = {name: inputs[name].detach() for name in ("q", "k", "v", "w", "beta", "g")}
     whole, _ = path_attention(**args, backend="torch", chunk_size=16)
@@ -57,7 +46,6 @@ def test_path_window_cuts_the_attention_to_whole_chunks_and_is_undone_after(sink
 
 
 def test_probe_scores_each_prompt_under_its_variant(checkpoints, tokenizer, tmp_path):
-    probe = load_probe()
     model_path = checkpoints["path"]
     output = tmp_path / "probe.json"
     probe.main([
@@ -82,7 +70,6 @@ def test_probe_scores_each_prompt_under_its_variant(checkpoints, tokenizer, tmp_
 
 
 def test_gate_scale_multiplies_the_log_forget_gate_and_key_gate_sums_it_from_the_key(checkpoints, tokenizer, tmp_path):
-    probe = load_probe()
     torch.manual_seed(0)
     config = PaTHLlamaConfig(
         **shapes(tokenizer), path_backend="torch", path_forget_gate=True, path_forget_gate_bias=2.0
@@ -113,7 +100,6 @@ def test_gate_scale_multiplies_the_log_forget_gate_and_key_gate_sums_it_from_the
 
 
 def test_key_gate_sums_each_head_from_after_the_needle_s_key_to_the_question():
-    probe = load_probe()
     answer = torch.tensor([5, 7, 8, 9])  # a space, then the digits 7 8 9
     input_ids = torch.tensor([1, 2, 7, 8, 9, 3, 4, 6, 5, 7, 8, 9])  # the key ends at 4, the answer starts at 8
     log_gates = [-torch.arange(12.0)[None, :, None].expand(1, 12, 2)]

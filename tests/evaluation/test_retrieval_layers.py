@@ -1,27 +1,17 @@
-"""examples/smollm2/retrieval_layers.py: its rows are the source with some layers local (the `all` row is the plain
+"""lab/smollm2/retrieval_layers.py: its rows are the source with some layers local (the `all` row is the plain
 model, as `answer_scores` scores it), and `--heads` writes the library's needle mass prompt by prompt."""
 
-import importlib.util
 import json
 
 import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+from lab.smollm2 import retrieval_layers as script
 from path_hf.evaluation import answer_scores, needle_mass, needle_span, passkey_windows
-from tests.evaluation.eval_models import ROOT
-
-
-def load_script():
-    path = ROOT / "examples" / "smollm2" / "retrieval_layers.py"
-    spec = importlib.util.spec_from_file_location("retrieval_layers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_rows_name_their_global_layers_and_bad_rows_are_refused():
-    script = load_script()
     rows = script.expand(["all", "none", "every4", "only:1-2", "without:0", "layers:5+1"], 8)
     assert rows == {
         "all": list(range(8)),
@@ -39,7 +29,6 @@ def test_rows_name_their_global_layers_and_bad_rows_are_refused():
 
 
 def test_the_all_row_is_the_model_and_local_rows_change_it(checkpoints, tokenizer, tmp_path):
-    script = load_script()
     output = tmp_path / "rows.json"
     script.main([
         "--model", str(checkpoints["llama"]), "--length", "160", "--window", "16", "--depths", "0.2,0.8",
@@ -61,7 +50,6 @@ def test_the_all_row_is_the_model_and_local_rows_change_it(checkpoints, tokenize
 
 
 def test_heads_writes_each_prompts_needle_mass(checkpoints, tokenizer, tmp_path):
-    script = load_script()
     output = tmp_path / "heads.json"
     script.main([
         "--model", str(checkpoints["llama"]), "--length", "160", "--depths", "0.3", "--trials", "2", "--heads",

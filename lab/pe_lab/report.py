@@ -1,6 +1,6 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
 """The lab's summaries over seeds, its Markdown tables and its plots, from the runs (`run.py`), or again from a
-`results.json` (`python -m examples.pe_lab --replot --output DIR`)."""
+`results.json` (`python -m lab.pe_lab --replot --output DIR`)."""
 
 from __future__ import annotations
 

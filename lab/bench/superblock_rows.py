@@ -2,10 +2,10 @@
 
 Each query chunk attends to all earlier keys at once; keys are kept transformed to the start of the current
 super-block of S chunks (far keys) or of the current chunk (near keys), so the Householder products `P_n` are
-folded into the far keys only once per super-block. Forward only, no forget gate, no packing. BENCHMARKS.md
-reports what it measured against `path_attention` and SDPA.
+folded into the far keys only once per super-block. Forward only, no forget gate, no packing. Prints its largest
+difference to `path_attention`, then its forward time against `path_attention` and SDPA at 2048 and 4096 tokens.
 
-    PYTHONPATH=. python bench/experiments/superblock_rows.py
+    python -m lab.bench.superblock_rows
 """
 
 import time

@@ -2,7 +2,7 @@
 """Which of the source's layers retrieve from far back: the passkey's likelihood when only some layers are global.
 
 ```
-OMP_NUM_THREADS=1 python examples/smollm2/retrieval_layers.py \\
+OMP_NUM_THREADS=1 python -m lab.smollm2.retrieval_layers \\
     --model runs/smollm2/download/SmolLM2-135M-Instruct.Q4_1.gguf --length 8192 --window 2048 --depths 0.1 \\
     --rows all none every4 only:0-29 --output runs/retrieval-layers/only.json
 ```
@@ -27,19 +27,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from local_layers import hybrid  # noqa: E402
-
-import path_hf  # noqa: E402, F401  (registers PaTHLlama with the Auto classes)
-from path_hf.atomic import atomic_file  # noqa: E402
-from path_hf.evaluation import answer_scores, needle_mass, needle_span, passkey_windows  # noqa: E402
-from path_hf.loading import load_causal_lm, load_tokenizer  # noqa: E402
+import path_hf  # noqa: F401  (registers PaTHLlama with the Auto classes)
+from lab.smollm2.local_layers import hybrid
+from path_hf.atomic import atomic_file
+from path_hf.evaluation import answer_scores, needle_mass, needle_span, passkey_windows
+from path_hf.loading import load_causal_lm, load_tokenizer
 
 
 def expand(rows: list[str], num_layers: int) -> dict[str, list[int]]:

@@ -2,12 +2,12 @@
 """The source as a hybrid, without training: some layers local (a sliding window, RoPE unscaled), the others global.
 
 ```
-OMP_NUM_THREADS=1 python examples/smollm2/local_layers.py \\
+OMP_NUM_THREADS=1 python -m lab.smollm2.local_layers \\
     --model runs/smollm2/download/SmolLM2-135M-Instruct.Q4_1.gguf --data examples/data/austen/train.jsonl.xz \\
     --length 16384 --window 8192 --global-every 4 --yarn 2 --output runs/smollm2/local-every4.json
 ```
 
-The hybrid-layers idea of issue 24 keeps RoPE, in distribution, in local layers that never look further back than
+The hybrid-layers idea keeps RoPE, in distribution, in local layers that never look further back than
 the source's context, and leaves long range to a few global layers. This measures its local half on the source model
 itself, before any PaTH layer or training is involved: every layer outside the global ones attends to the last
 `--window` W keys only, itself included (Mistral's `sliding_window`: key j is seen from query i when 0 <= i - j < W),
@@ -39,15 +39,13 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-sys.path.insert(0, str(Path(__file__).parent))
-from attention_mass import shown  # noqa: E402  (paths relative to the repository)
-
-import path_hf  # noqa: E402, F401  (registers PaTHLlama with the Auto classes)
-from path_hf.atomic import atomic_file  # noqa: E402
-from path_hf.errors import CommandError  # noqa: E402
-from path_hf.evaluation import read_texts, rope_parameters_for, tokenize_stream  # noqa: E402
-from path_hf.loading import load_causal_lm, load_tokenizer  # noqa: E402
-from path_hf.local_attention import local_attention  # noqa: E402
+import path_hf  # noqa: F401  (registers PaTHLlama with the Auto classes)
+from examples.smollm2.attention_mass import shown  # paths relative to the repository
+from path_hf.atomic import atomic_file
+from path_hf.errors import CommandError
+from path_hf.evaluation import read_texts, rope_parameters_for, tokenize_stream
+from path_hf.loading import load_causal_lm, load_tokenizer
+from path_hf.local_attention import local_attention
 
 
 def local_mask(length: int, window: int, sinks: int = 0) -> torch.Tensor:

@@ -3,9 +3,9 @@
 at 1x-16x or 32x its training length.
 
 ```
-python -m examples.pe_lab                      # the full grid (what `make lab` runs); output in runs/pe_lab
-python -m examples.pe_lab --quick              # a reduced grid in well under a minute (the test): the pipeline only
-python -m examples.pe_lab.rope_by_hand         # exercise 1: RoPE by hand, shift invariance, where aliasing starts
+python -m lab.pe_lab                      # the full grid (what `make lab` runs); output in runs/pe_lab
+python -m lab.pe_lab --quick              # a reduced grid in well under a minute (the test): the pipeline only
+python -m lab.pe_lab.rope_by_hand         # exercise 1: RoPE by hand, shift invariance, where aliasing starts
 ```
 
 Writes `results.json` (settings, every run, the summaries), `results.md` (the tables) and one plot per task and one of

@@ -2,7 +2,7 @@
 """Exercise 1 of seed 000: RoPE by hand on a 64-dim head, and where frequency aliasing starts as N grows.
 
 ```
-python -m examples.pe_lab.rope_by_hand           # prints the three checks below (a second or two)
+python -m lab.pe_lab.rope_by_hand           # prints the three checks below (a second or two)
 ```
 
 1. RoPE in two lines of cos / sin (the seed's interleaved pairs), and q.k depending on the offset only: the scores of

@@ -1,5 +1,5 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
-"""`python -m examples.pe_lab`: the lab's full grid (see run.py)."""
+"""`python -m lab.pe_lab`: the lab's full grid (see run.py)."""
 
 import sys
 

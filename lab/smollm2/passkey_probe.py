@@ -2,7 +2,7 @@
 """Why a model misses a passkey: the answer's log-likelihood, not only the verdict, under variants of one model.
 
 ```
-OMP_NUM_THREADS=1 python examples/smollm2/passkey_probe.py --model runs/smollm2/long/final --length 16384 \
+OMP_NUM_THREADS=1 python -m lab.smollm2.passkey_probe --model runs/smollm2/long/final --length 16384 \
     --depths 0.9 --variant yarn:1.5 --variant plain --variant yarn:1.5,path_window:8192 --output probe.json
 ```
 

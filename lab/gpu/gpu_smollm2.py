@@ -1,6 +1,6 @@
 """(d) SmolLM2-135M-Instruct converted to PaTH, recovered and evaluated on one GPU with the project's own commands.
 
-The `smollm2` section of bench/gpu/gpu_bench.py. From the GGUF (bench/gpu/gpu_carry.py brings it to the GPU machine)
+The `smollm2` section of lab/gpu/gpu_bench.py. From the GGUF (lab/gpu/gpu_carry.py brings it to the GPU machine)
 and recipes/configs/smollm2-135m-gpu.yaml (the CPU recipe's design: RoPE interleaved with PaTH, FLA's init, the
 forget gate; align and distill at 512-token blocks, then at 2048; plus a last distill stage at 8192, the source's
 whole context; bf16, FLA's kernels):
@@ -399,7 +399,7 @@ class SmolLM2Run:
                 process.stop()
 
     def cli(self, *args: str) -> list[str]:
-        # `path-hf ...` where the package is not installed: this checkout's path_hf, on PYTHONPATH (gpu.sh).
+        # `path-hf ...` where the package is not installed: this checkout's path_hf, on PYTHONPATH (run.sh).
         return [sys.executable, "-m", "path_hf", *args]
 
     def recipe(self, output_dir: Path, stage_tokens: list[int], *overrides: str) -> list[str]:
