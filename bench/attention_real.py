@@ -30,7 +30,7 @@ from ops_versions import load_ops_at
 
 import path_hf.modeling_path_llama as modeling
 from path_hf import ops, ops_chunk
-from path_hf.evaluation.data import load_texts
+from path_hf.evaluation.texts import load_texts
 from path_hf.loading import load_causal_lm, load_tokenizer
 
 NAMES = ("q", "k", "v", "w", "beta", "g")

@@ -39,14 +39,14 @@ def measure(args: argparse.Namespace, whole_weights: bool) -> dict:
 
     from path_hf.evaluation import IGNORE_INDEX
     from path_hf.loading import load_causal_lm
-    from path_hf.recipes.arguments import TrainingArguments
     from path_hf.recipes.losses import distillation_loss
     from path_hf.recipes.models import teacher_dtype, trainable_model
+    from path_hf.recipes.settings import TrainingSettings
 
     torch.set_num_threads(1)
     teacher = load_causal_lm(args.teacher, teacher_dtype("auto", torch.device("cpu"))).eval()  # as the recipe
     student = load_causal_lm(args.student, torch.float32)
-    training = TrainingArguments(output_dir="unused", trainable=args.trainable, activation_checkpointing=True)
+    training = TrainingSettings(output_dir="unused", trainable=args.trainable, activation_checkpointing=True)
     model = trainable_model(student, training).train()  # checkpointing acts in training mode only
     loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     input_ids = torch.randint(3, teacher.config.vocab_size, (1, args.block), generator=torch.Generator().manual_seed(0))

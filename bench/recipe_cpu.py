@@ -30,9 +30,9 @@ from ops_versions import load_ops_at
 
 from path_hf import modeling_path_llama, ops
 from path_hf.evaluation import IGNORE_INDEX
-from path_hf.recipes.arguments import TrainingArguments
 from path_hf.recipes.losses import AttentionAlignment
 from path_hf.recipes.models import select_trainable
+from path_hf.recipes.settings import TrainingSettings
 
 
 class CoreTimer:
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     student = load(args.student, torch.float32)
     if args.activation_checkpointing:
         student.activation_checkpointing_enable()
-    select_trainable(student, TrainingArguments(output_dir=".", trainable=args.trainable))
+    select_trainable(student, TrainingSettings(output_dir=".", trainable=args.trainable))
     student.train()
     tokens = args.batch * args.block
     batch = random_batch(student.config.vocab_size, args.batch, args.block, seed=0)

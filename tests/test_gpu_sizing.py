@@ -7,8 +7,8 @@ import json
 import pytest
 
 from lab.gpu import gpu_smollm2
-from path_hf.recipes.arguments import Stage, plan_stage_blocks
 from path_hf.recipes.schedule import plan_stages, tokens_before
+from path_hf.recipes.settings import Stage, plan_stage_blocks
 
 STAGES = [
     Stage(name="align", tokens=2048, learning_rate=1e-3),

@@ -41,9 +41,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from path_hf.commands.eval import common_train_length
-from path_hf.recipes.arguments import RecipeConfig
 from path_hf.recipes.models import convert_flags
 from path_hf.recipes.schedule import StagePlan, plan_stages, stage_at, tokens_before
+from path_hf.recipes.settings import RecipeConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "recipes" / "configs" / "smollm2-135m-gpu.yaml"
@@ -318,7 +318,7 @@ class SmolLM2Run:
         record_error: Callable[[str], None],
         save: Callable[[], None],
     ):
-        from path_hf.recipes.arguments import parse_config
+        from path_hf.recipes.settings import parse_config
 
         self.gguf, self.work, self.out, self.settings = gguf, work, out, settings
         self.result, self.record_error, self.save = result, record_error, save

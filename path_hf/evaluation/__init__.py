@@ -4,7 +4,7 @@ retrieval, and RoPE scaling (YaRN, dynamic NTK) applied to a loaded model.
 
 One implementation for the recipes' recovery tracking, `path-hf eval` and the demo:
 
-- `data`: local text files -> documents -> token ids (each document with its special tokens and EOS).
+- `texts`: local text files -> documents -> token ids (each document with its special tokens and EOS).
 - `scoring`: perplexity over windows of `context_length` tokens (non-overlapping, or sliding by `stride` with each
   token scored once); the model scores every token of a window but the first from the tokens before it in the same
   window, also per position in the window (`PerplexityResult.ppl_between`).
@@ -14,7 +14,7 @@ One implementation for the recipes' recovery tracking, `path-hf eval` and the de
   with a 95% Wilson interval; trials that share the text before their needle share its forward pass.
 - `passkey`: the older synthetic prompt (a key in repeated filler sentences), which `retrieval_heads` measures heads
   on.
-- `retrieval`: copy retrieval, denser than passkey: a span of real text at the start of a window and again at its
+- `copy_retrieval`: copy retrieval, denser than passkey: a span of real text at the start of a window and again at its
   end; top-1 accuracy and negative log-likelihood of the repeat's tokens (but its first), from `length - span`
   tokens back, in one forward pass with logits formed only at those positions.
 - `rope`: `rope_scaling(model, "yarn", factor=4)` swaps the model's rotary embedding for one built with transformers'
@@ -36,15 +36,7 @@ print(result.ppl, result.tokens, passkey_accuracy(model, tokenizer, context_leng
 """
 
 from .attention_mass import attention_mass, decode_attention_rows
-from .data import (
-    COMPRESSED_SUFFIXES,
-    data_files,
-    load_texts,
-    read_texts,
-    text_documents,
-    tokenize_documents,
-    tokenize_stream,
-)
+from .copy_retrieval import COPY_SPAN, CopyResult, copy_accuracy, copy_scores, copy_windows, label_scores
 from .needles import (
     DEPTHS,
     NeedleTemplate,
@@ -71,7 +63,6 @@ from .passkey import (
     passkey_windows,
 )
 from .plots import plot_lengths, plot_recovery
-from .retrieval import COPY_SPAN, CopyResult, copy_accuracy, copy_scores, copy_windows, label_scores
 from .retrieval_heads import (
     needle_mass,
     needle_span,
@@ -89,6 +80,15 @@ from .scoring import (
     perplexity,
     score_windows,
     token_nll,
+)
+from .texts import (
+    COMPRESSED_SUFFIXES,
+    data_files,
+    load_texts,
+    read_texts,
+    text_documents,
+    tokenize_documents,
+    tokenize_stream,
 )
 
 __all__ = [

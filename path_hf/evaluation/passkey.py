@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .retrieval import CopyResult, label_scores
+from .copy_retrieval import CopyResult, label_scores
 from .scoring import IGNORE_INDEX, Window
 
 PASSKEY_INTRO = (

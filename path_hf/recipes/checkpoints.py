@@ -29,9 +29,9 @@ from safetensors import SafetensorError, safe_open
 from ..atomic import replace_directory
 from ..errors import RecipeError, first_line
 from ..locking import LockHeld, acquire_lock, release_lock
-from .arguments import RecipeConfig, TrainingArguments, flatten
 from .data import eval_length_names
 from .schedule import StagePlan, planned_steps, tokens_before
+from .settings import RecipeConfig, TrainingSettings, flatten
 
 
 @dataclass
@@ -111,7 +111,7 @@ def latest_checkpoint(output_dir: Path, accelerator: Accelerator) -> Path | None
 RUN_OUTPUTS = ("checkpoints", "logs", "final", "adapter", "recovery.json", "recovery.png")  # not `converted`
 
 
-def check_output_dir(training: TrainingArguments, force: bool) -> list[Path]:
+def check_output_dir(training: TrainingSettings, force: bool) -> list[Path]:
     """The outputs of an earlier run in `training.output_dir`, for `force` to delete. A new run over them, whose
     checkpoints and logs would mix with the old ones, is refused unless it resumes or is forced."""
     output_dir = Path(training.output_dir)

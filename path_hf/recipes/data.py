@@ -22,7 +22,7 @@ from ..evaluation import (
     tokenize_documents,
     tokenize_stream,
 )
-from .arguments import DataArguments
+from .settings import DataSettings
 
 
 def _load_texts(files: list[str], text_field: str, field_name: str, streaming: bool = False):
@@ -33,7 +33,7 @@ def _load_texts(files: list[str], text_field: str, field_name: str, streaming: b
         raise RecipeError(f"{field_name}: {error}") from error
 
 
-def load_documents(data: DataArguments) -> tuple[Dataset | IterableDataset, list[str]]:
+def load_documents(data: DataSettings) -> tuple[Dataset | IterableDataset, list[str]]:
     """The training documents, and the held-out evaluation texts, which never enter training."""
     if data.dataset:
         documents = load_dataset(data.dataset, data.dataset_config, split=data.dataset_split, streaming=data.streaming)
@@ -79,7 +79,7 @@ def pack_documents(texts: list[str], tokenizer, block_size: int) -> dict[str, li
 def training_blocks(
     documents: Dataset | IterableDataset,
     tokenizer,
-    data: DataArguments,
+    data: DataSettings,
     accelerator: Accelerator,
     block_size: int,
     setting: str,
@@ -124,7 +124,7 @@ def eval_length_names(eval_lengths: list[int]) -> dict[int, str]:
 
 
 def evaluation_windows(
-    eval_texts: list[str], tokenizer, data: DataArguments, eval_lengths: list[int]
+    eval_texts: list[str], tokenizer, data: DataSettings, eval_lengths: list[int]
 ) -> dict[str, list[Window]]:
     """The evaluation text as one stream (EOS between documents, at most `data.eval_tokens` tokens) cut into
     non-overlapping windows of each length of `eval_lengths` times `data.block_size`, by name (`"2x"`). Refuses a

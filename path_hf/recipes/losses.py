@@ -217,7 +217,7 @@ def distillation_loss(
     - otherwise (FSDP, DeepSpeed) the models return their whole logits and only the KL's temporaries are chunked:
       memory holds the two models' logits and the student's logit gradient besides one chunk's temporaries.
 
-    A batch with `answer_labels` (retrieval blocks, `path_hf.recipes.retrieval`) adds `answer_weight` times the
+    A batch with `answer_labels` (retrieval blocks, `path_hf.recipes.retrieval_blocks`) adds `answer_weight` times the
     student's cross entropy on those tokens (mean over them): the answers themselves, not only the teacher's guess.
     `kl_stride` k > 1 forms the KL at every k-th position only (of each row), an estimate at 1/k of the output head's
     cost, which dominates a step of a small model with a large vocabulary.

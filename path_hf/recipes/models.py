@@ -26,7 +26,7 @@ from ..errors import ConversionError, RecipeError, SourceError, first_line
 from ..loading import load_causal_lm, load_config
 from ..modeling_path_llama import FORGET_GATE_MODULES, LAYER_PARAMETER, PATH_MODULES
 from ..ops_chunk import cpu_multiplies_bf16
-from .arguments import ModelArguments, RecipeConfig, Stage, TrainingArguments
+from .settings import ModelSettings, RecipeConfig, Stage, TrainingSettings
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def _load_config(name: str, field_name: str) -> PretrainedConfig:
         raise RecipeError(f"{field_name} {name}: cannot read its config ({first_line(error)})") from error
 
 
-def conversion_options(model_args: ModelArguments, output: str) -> ConvertOptions:
+def conversion_options(model_args: ModelSettings, output: str) -> ConvertOptions:
     """`model.convert` as the converter's own `ConvertOptions` (one definition of every conversion option); a value
     may be written in its flag's notation (`layers: 0-11,20`, `max_shard_size: 5GB`)."""
     known = {option.name: option for option in fields(ConvertOptions) if option.name not in RUN_OPTIONS}
@@ -217,7 +217,7 @@ def shards_weights(distributed_type: DistributedType, deepspeed_plugin=None) -> 
 
 
 def check_engine(
-    training: TrainingArguments,
+    training: TrainingSettings,
     distributed_type: DistributedType,
     deepspeed_plugin=None,
     stages: Sequence[Stage] = (),
@@ -282,7 +282,7 @@ def path_attention_layers(model: nn.Module) -> dict[int, PaTHLlamaAttention]:
     return {m.layer_idx: m for m in model.modules() if isinstance(m, PaTHLlamaAttention)}
 
 
-def trainable_model(student: PaTHLlamaForCausalLM, training: TrainingArguments, stages: list[Stage]) -> nn.Module:
+def trainable_model(student: PaTHLlamaForCausalLM, training: TrainingSettings, stages: list[Stage]) -> nn.Module:
     """The student as it trains: `select_trainable`'s parameters, ready for activation checkpointing where the run or
     one of its `stages` asks for it (`set_activation_checkpointing` turns it on and off stage by stage)."""
     checkpointed = any(stage_checkpointing(stage, training) for stage in stages)
@@ -292,7 +292,7 @@ def trainable_model(student: PaTHLlamaForCausalLM, training: TrainingArguments, 
     return select_trainable(student, training)
 
 
-def stage_checkpointing(stage: Stage, training: TrainingArguments) -> bool:
+def stage_checkpointing(stage: Stage, training: TrainingSettings) -> bool:
     """Whether `stage` recomputes activations in backward: its own setting, else the run's."""
     own = stage.activation_checkpointing
     return training.activation_checkpointing if own is None else own
@@ -311,7 +311,7 @@ def set_activation_checkpointing(model: PaTHLlamaForCausalLM, enabled: bool) -> 
 GATE_MODULES = ("bt_proj", "bt_gain", *FORGET_GATE_MODULES)
 
 
-def select_trainable(model: PaTHLlamaForCausalLM, training: TrainingArguments) -> nn.Module:
+def select_trainable(model: PaTHLlamaForCausalLM, training: TrainingSettings) -> nn.Module:
     """Freeze what `training.trainable` leaves out; with `lora`, wrap the model with PEFT (LoRA on the chosen
     modules, the PaTH modules fully trained through `modules_to_save`)."""
     present = sorted({name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name.endswith(PATH_MODULES)})

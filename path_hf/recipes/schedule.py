@@ -11,7 +11,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-from .arguments import PlannedStage, Stage
+from .settings import PlannedStage, Stage
 
 
 @dataclass(frozen=True)

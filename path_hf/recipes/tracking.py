@@ -20,9 +20,9 @@ from tqdm.auto import tqdm
 
 from ..atomic import atomic_file
 from ..evaluation import IGNORE_INDEX, PerplexityResult, Window, plots, score_windows
-from .arguments import RecipeConfig, TrainingArguments, flatten
 from .checkpoints import RunState
 from .models import shards_weights
+from .settings import RecipeConfig, TrainingSettings, flatten
 
 RUN_NAME = "recovery"  # accelerate's project name: logs/recovery/
 
@@ -128,7 +128,7 @@ class RecoveryTracker:
     and `history`, which every checkpoint saves); each measurement is logged and printed."""
 
     def __init__(
-        self, state: RunState, windows: dict[str, list[Window]], accelerator: Accelerator, training: TrainingArguments
+        self, state: RunState, windows: dict[str, list[Window]], accelerator: Accelerator, training: TrainingSettings
     ):
         self.state, self.windows, self.accelerator = state, windows, accelerator
         self.batch_size, self.target_ratio = training.eval_batch_size, training.target_ratio

@@ -9,7 +9,7 @@ distribution) and `lm` (continued pretraining). The source model's and the conve
 held-out split are measured before training, then the converted model's every `eval_every` steps and at the end, at
 1x, 2x, 4x... the training block length; `recovery.json` and `recovery.png` hold the result. See recipes/README.md.
 
-This file is the run: set up, then the loop. The rest of the recipe is beside it: `arguments.py` (the config),
+This file is the run: set up, then the loop. The rest of the recipe is beside it: `settings.py` (the config),
 `models.py` (student, teacher, what trains, engine checks), `data.py` (documents, blocks, evaluation windows),
 `losses.py` (the three stages' losses), `schedule.py` (stages on steps, learning rate), `checkpoints.py` (saving,
 resuming, stopping), `tracking.py` (perplexity recovery, logs).
@@ -31,9 +31,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..errors import CommandError, RecipeError, first_line
-from ..evaluation.data import data_fault
+from ..evaluation.texts import data_fault
 from ..loading import load_tokenizer
-from .arguments import RecipeConfig, Stage, TrainingArguments, parse_command, read_config
 from .checkpoints import (
     Checkpointer,
     Interrupted,
@@ -67,8 +66,9 @@ from .models import (
     stage_checkpointing,
     trainable_model,
 )
-from .retrieval import RetrievalBlocks
+from .retrieval_blocks import RetrievalBlocks
 from .schedule import batches_drawn, plan_stages, planned_steps, stage_at, stage_scheduler
+from .settings import RecipeConfig, Stage, TrainingSettings, parse_command, read_config
 from .tracking import RUN_NAME, RecoveryTracker, TrainingLog, flat_config, trackers, trim_log
 
 
@@ -286,7 +286,7 @@ def train_micro_batch(
     alignment: AttentionAlignment | None,
     optimizer: torch.optim.Optimizer,
     accelerator: Accelerator,
-    training: TrainingArguments,
+    training: TrainingSettings,
     checkpointer: Checkpointer,
 ) -> tuple[float, torch.Tensor | float | None]:
     """One micro-batch of `stage`: its loss and backward, then clipping (on the last micro-batch of a step, where

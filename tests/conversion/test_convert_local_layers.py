@@ -16,8 +16,8 @@ from path_hf.arguments import add_arguments, from_arguments
 from path_hf.conversion.options import VERIFY_TOLERANCE, ConvertOptions
 from path_hf.errors import RecipeError
 from path_hf.evaluation import rope_parameters_for, rope_scaling
-from path_hf.recipes.arguments import ModelArguments
 from path_hf.recipes.models import conversion_options, convert_flags
+from path_hf.recipes.settings import ModelSettings
 from tests.conversion.checkpoints import convert_in_process, make_source, run_cli
 from tests.evaluation.test_local_layers import script
 
@@ -69,11 +69,11 @@ def test_converted_local_layers_are_mistral_sliding_window(tmp_path, capsys):
 
 
 def test_recipe_takes_the_same_keys(tmp_path):
-    model_args = ModelArguments(path="SRC", convert={"layers": "3,7", "local_window": 8192, "local_sinks": 4})
+    model_args = ModelSettings(path="SRC", convert={"layers": "3,7", "local_window": 8192, "local_sinks": 4})
     options = conversion_options(model_args, str(tmp_path / "out"))
     assert (options.layers, options.local_window, options.local_sinks) == ((3, 7), 8192, 4)
     with pytest.raises(RecipeError, match="model.convert: --local-sinks are the sinks of the local layers"):
-        conversion_options(ModelArguments(path="SRC", convert={"local_sinks": 4}), str(tmp_path / "out"))
+        conversion_options(ModelSettings(path="SRC", convert={"local_sinks": 4}), str(tmp_path / "out"))
 
 
 REFUSED = {
@@ -147,7 +147,7 @@ def test_shipped_recipes_convert_flags_are_the_recipes_options():
         add_arguments(parser, ConvertOptions)
         flags = convert_flags(recipe["model"]["convert"])
         parsed = from_arguments(parser.parse_args(["--from", "SRC", "--to", "OUT", *flags]), ConvertOptions)
-        expected = conversion_options(ModelArguments(path="SRC", convert=recipe["model"]["convert"]), "OUT")
+        expected = conversion_options(ModelSettings(path="SRC", convert=recipe["model"]["convert"]), "OUT")
         assert parsed == expected
         assert (parsed.layers, parsed.local_window, parsed.local_sinks) == hybrid
     with pytest.raises(RecipeError, match="unknown key model.convert.window"):

@@ -16,8 +16,8 @@ from path_hf.conversion.options import VERIFY_TOLERANCE, ConvertOptions
 from path_hf.conversion.plan import plan_conversion
 from path_hf.conversion.verify import VerificationFailed
 from path_hf.errors import RecipeError
-from path_hf.recipes.arguments import ModelArguments
 from path_hf.recipes.models import conversion_options
+from path_hf.recipes.settings import ModelSettings
 from tests.conversion import test_convert_models
 from tests.conversion.checkpoints import convert_in_process, make_source, run_cli
 from tests.conversion.gguf_files import tiny_model, write_gguf
@@ -247,12 +247,12 @@ def test_refused(case, tmp_path, capsys):
 
 def test_recipe_model_convert_mapping():
     """`model.convert` goes through the same dataclass: a YAML number or `context`, and the same refusals."""
-    options = conversion_options(ModelArguments(path="src", convert={"rope": "keep", "rope_max_wavelength": 8192}), "o")
+    options = conversion_options(ModelSettings(path="src", convert={"rope": "keep", "rope_max_wavelength": 8192}), "o")
     assert options.rope_max_wavelength == 8192.0
     convert = {"rope": "interleave", "rope_max_wavelength": "context", "attn_temperature_scale": 0.1}
-    options = conversion_options(ModelArguments(path="src", convert=convert), "o")
+    options = conversion_options(ModelSettings(path="src", convert=convert), "o")
     assert (options.rope_max_wavelength, options.attn_temperature_scale) == ("context", 0.1)
     with pytest.raises(RecipeError, match="model.convert: --rope-max-wavelength limits the RoPE"):
-        conversion_options(ModelArguments(path="src", convert={"rope_max_wavelength": 8192}), "o")
+        conversion_options(ModelSettings(path="src", convert={"rope_max_wavelength": 8192}), "o")
     with pytest.raises(RecipeError, match="must be a number of tokens or 'context'.*got 'True'"):
-        conversion_options(ModelArguments(path="src", convert={"rope": "keep", "rope_max_wavelength": True}), "o")
+        conversion_options(ModelSettings(path="src", convert={"rope": "keep", "rope_max_wavelength": True}), "o")

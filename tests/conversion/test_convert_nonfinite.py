@@ -129,13 +129,13 @@ def test_a_non_finite_wavelength_is_refused(tmp_path, capsys, value):
 def test_a_non_finite_value_in_a_recipe_is_refused():
     """The recipes' `model.convert` (YAML, `key=value` overrides) is checked as the flags are: `.nan` is refused."""
     from path_hf.errors import RecipeError
-    from path_hf.recipes.arguments import ModelArguments
     from path_hf.recipes.models import conversion_options
+    from path_hf.recipes.settings import ModelSettings
 
     for key, value in (("forget_gate_bias", float("nan")), ("attn_temperature_scale", float("inf"))):
         convert = {"forget_gate": True, key: value}
         with pytest.raises(RecipeError, match=f"must be a finite number|must be a number >= 0.*got {value}"):
-            conversion_options(ModelArguments(path="SRC", convert=convert), "OUT")
+            conversion_options(ModelSettings(path="SRC", convert=convert), "OUT")
 
 
 def test_a_new_tensor_that_overflows_its_dtype_is_refused(tmp_path, capsys):

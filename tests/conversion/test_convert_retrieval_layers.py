@@ -12,8 +12,8 @@ from path_hf.conversion.options import format_layers
 from path_hf.errors import RecipeError
 from path_hf.evaluation import passkey_windows
 from path_hf.loading import load_causal_lm, load_tokenizer
-from path_hf.recipes.arguments import ModelArguments
 from path_hf.recipes.models import conversion_options
+from path_hf.recipes.settings import ModelSettings
 from tests.conversion.checkpoints import make_source, run_cli
 from tests.conversion.gguf_files import tiny_model, write_gguf
 from tests.evaluation.eval_models import TOKENIZER, shapes
@@ -66,12 +66,12 @@ def test_retrieval_layers_become_the_path_layers(source, tmp_path, capsys):
 
 def test_a_recipe_takes_retrieval_layers(tmp_path):
     options = conversion_options(
-        ModelArguments(path="SRC", convert={"retrieval_layers": 7, "retrieval_length": 4096, "local_window": 8192}),
+        ModelSettings(path="SRC", convert={"retrieval_layers": 7, "retrieval_length": 4096, "local_window": 8192}),
         str(tmp_path / "out"),
     )
     assert (options.retrieval_layers, options.retrieval_length, options.layers) == (7, 4096, None)
     with pytest.raises(RecipeError, match="give one of the two"):
-        conversion_options(ModelArguments(path="SRC", convert={"retrieval_layers": 7, "layers": "3"}), "out")
+        conversion_options(ModelSettings(path="SRC", convert={"retrieval_layers": 7, "layers": "3"}), "out")
 
 
 REFUSED = {

@@ -41,16 +41,16 @@ def test_eval(source, tmp_path, capsys, monkeypatch):
 
 @pytest.fixture(scope="module")
 def recipe():
-    """recipes/arguments.py and recipes/train.py, which imports it as a sibling."""
-    from path_hf.recipes import arguments, train
+    """recipes/settings.py and recipes/train.py, which imports it as a sibling."""
+    from path_hf.recipes import settings, train
 
-    return arguments, train
+    return settings, train
 
 
 @pytest.mark.parametrize("field", ["path", "teacher"])
 @pytest.mark.parametrize("source", ["/no/such/dir", "./missing", "missing.gguf"])
 def test_recipe_plan_models(field, source, recipe, tmp_path, monkeypatch):
-    arguments, train = recipe
+    settings, train = recipe
     monkeypatch.chdir(tmp_path)
     model = {"path": str(make_source(tmp_path / "llama", "llama")), "convert": {"rope": "drop"}, field: source}
     tree = {
@@ -60,8 +60,8 @@ def test_recipe_plan_models(field, source, recipe, tmp_path, monkeypatch):
         "training": {"output_dir": str(tmp_path / "run")},
     }
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(tree))
-    config = arguments.parse_config(["--config", str(tmp_path / "recipe.yaml")])
-    with pytest.raises(arguments.RecipeError) as refused:
+    config = settings.parse_config(["--config", str(tmp_path / "recipe.yaml")])
+    with pytest.raises(settings.RecipeError) as refused:
         train.plan_models(config)
     message = str(refused.value)
     assert message.startswith(f"model.{field} {source}: cannot read its config (")

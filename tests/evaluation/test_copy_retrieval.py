@@ -19,10 +19,10 @@ from path_hf.evaluation import (
     CopyResult,
     Window,
     copy_accuracy,
+    copy_retrieval,
     copy_scores,
     copy_windows,
     read_texts,
-    retrieval,
     tokenize_stream,
 )
 from tests.evaluation.eval_models import EVAL_DATA, shapes
@@ -135,7 +135,7 @@ def test_scores_equal_the_whole_logits(kind, tokenizer, monkeypatch):
     result = copy_scores(model, windows)
     assert result.accuracy == sum(reference.correct) / 59
     assert result.nll == pytest.approx(sum(reference.nll_sum) / 59, rel=1e-5)
-    monkeypatch.setattr(retrieval, "_LOGITS_CHUNK", 7)  # the head's rows in several chunks
+    monkeypatch.setattr(copy_retrieval, "_LOGITS_CHUNK", 7)  # the head's rows in several chunks
     assert_same_scores(copy_scores(model, windows, batch_size=2), reference)
 
 

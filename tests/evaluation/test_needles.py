@@ -23,7 +23,7 @@ from path_hf.evaluation import (
     tokenize_stream,
     wilson_interval,
 )
-from path_hf.recipes.retrieval import training_templates
+from path_hf.recipes.retrieval_blocks import training_templates
 from tests.evaluation.eval_models import EVAL_DATA, shapes
 
 

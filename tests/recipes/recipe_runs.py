@@ -6,7 +6,7 @@ from pathlib import Path
 import yaml
 
 from path_hf.recipes import train
-from path_hf.recipes.arguments import parse_config  # noqa: F401
+from path_hf.recipes.settings import parse_config  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 

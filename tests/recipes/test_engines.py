@@ -14,9 +14,9 @@ from safetensors.torch import load_file
 from torch import nn
 
 from path_hf.errors import RecipeError
-from path_hf.recipes.arguments import TrainingArguments
 from path_hf.recipes.checkpoints import read_checkpoint
 from path_hf.recipes.models import check_engine
+from path_hf.recipes.settings import TrainingSettings
 from tests import processes
 from tests.processes import environment
 from tests.recipes.recipe_runs import ROOT, parse_config, read_log, recipe_config, run_recipe, write_config
@@ -184,7 +184,7 @@ def test_the_engine_checks_refuse_what_the_engine_would_override():
     def plugin(**fields):
         return DeepSpeedPlugin(**{"zero_stage": 2, "gradient_accumulation_steps": 1, **fields})
 
-    training = TrainingArguments(output_dir=".", max_grad_norm=0.5, gradient_accumulation_steps=4)
+    training = TrainingSettings(output_dir=".", max_grad_norm=0.5, gradient_accumulation_steps=4)
     with pytest.raises(RecipeError, match=r"gradient_accumulation_steps: 1, training.gradient_accumulation_steps is 4"):
         check_engine(training, DistributedType.DEEPSPEED, plugin())
     with pytest.raises(RecipeError, match=r"gradient_clipping: 1.0, training.max_grad_norm is 0.5"):
@@ -195,7 +195,7 @@ def test_the_engine_checks_refuse_what_the_engine_would_override():
     check_engine(training, DistributedType.DEEPSPEED, left_open)
     assert left_open.deepspeed_config["gradient_clipping"] == 0.5
 
-    lora = TrainingArguments(output_dir=".", trainable="lora")
+    lora = TrainingSettings(output_dir=".", trainable="lora")
     check_engine(lora, DistributedType.DEEPSPEED, plugin())  # ZeRO-2 keeps whole weights
     check_engine(lora, DistributedType.MULTI_GPU)
     for engine, deepspeed in ((DistributedType.DEEPSPEED, plugin(zero_stage=3)), (DistributedType.FSDP, None)):

@@ -13,7 +13,7 @@ from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
 from path_hf.evaluation import IGNORE_INDEX, read_texts, tokenize_stream
 from path_hf.recipes import train as train_module
 from path_hf.recipes.losses import distillation_loss
-from path_hf.recipes.retrieval import RetrievalBlocks, training_templates
+from path_hf.recipes.retrieval_blocks import RetrievalBlocks, training_templates
 from tests.recipes.recipe_runs import ROOT, recipe_config, run_recipe
 from tests.tiny import tiny_fields
 

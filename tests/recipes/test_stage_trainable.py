@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM
 
 import path_hf  # noqa: F401  (registers path_llama)
 from path_hf.errors import RecipeError
-from path_hf.recipes.arguments import NESTED_TRAINABLE, Stage, TrainingArguments
 from path_hf.recipes.models import check_engine, narrow_trainable, select_trainable
+from path_hf.recipes.settings import NESTED_TRAINABLE, Stage, TrainingSettings
 from tests.recipes.recipe_runs import read_log, recipe_config, run_recipe
 
 GATE = {"bt_proj", "bt_gain", "g_proj", "g_gain"}
@@ -74,7 +74,7 @@ def test_narrow_trainable_intersects_the_run_and_the_stage_sets(tiny_source, tmp
 
     sets = {}
     for trainable in NESTED_TRAINABLE:
-        select_trainable(model, TrainingArguments(output_dir=".", trainable=trainable))
+        select_trainable(model, TrainingSettings(output_dir=".", trainable=trainable))
         sets[trainable] = trained()
     assert all(a < b for a, b in zip(list(sets.values()), list(sets.values())[1:], strict=False))  # nested
     assert {name.split(".")[-2] for name in sets["gate"]} == GATE
@@ -115,7 +115,7 @@ def test_a_stage_trainable_outside_the_run_is_refused(tiny_source, tmp_path, cap
 
 
 def test_a_stage_trainable_is_refused_under_an_engine():
-    training = TrainingArguments(output_dir=".", trainable="attention")
+    training = TrainingSettings(output_dir=".", trainable="attention")
     stages = [Stage("lm", tokens=64, learning_rate=1e-3), Stage("lm", tokens=64, learning_rate=1e-3, trainable="gate")]
     check_engine(training, DistributedType.NO, stages=stages)
     check_engine(training, DistributedType.MULTI_CPU, stages=stages[:1])

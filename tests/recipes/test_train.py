@@ -16,11 +16,11 @@ import path_hf  # noqa: F401  (registers path_llama)
 from path_hf.errors import RecipeError
 from path_hf.evaluation import load_texts
 from path_hf.recipes import train
-from path_hf.recipes.arguments import Stage, TrainingArguments, plan_stage_blocks
 from path_hf.recipes.data import pack_documents
 from path_hf.recipes.losses import AttentionAlignment
 from path_hf.recipes.models import select_trainable
 from path_hf.recipes.schedule import batches_drawn, plan_stages, stage_at, stage_scheduler
+from path_hf.recipes.settings import Stage, TrainingSettings, plan_stage_blocks
 from tests.conversion.checkpoints import make_source
 from tests.recipes.recipe_runs import DATA, ROOT, parse_config, read_log, recipe_config, run_recipe
 
@@ -318,7 +318,7 @@ def test_isolated_alignment_equals_the_whole_student_run(tmp_path):
         student = AutoModelForCausalLM.from_pretrained(tmp_path / "path")
         if checkpointing:
             student.activation_checkpointing_enable()
-        select_trainable(student, TrainingArguments(output_dir=".", trainable="attention"))
+        select_trainable(student, TrainingSettings(output_dir=".", trainable="attention"))
         alignment = AttentionAlignment(student, teacher, isolated=isolated)
         with alignment.aligning():
             loss = alignment.loss(student, teacher, batch)
@@ -559,7 +559,7 @@ def test_lora_all_linear_never_wraps_the_path_projections(tiny_source, tmp_path)
     options = ConvertOptions(source=str(tiny_source), output=str(tmp_path / "path"), forget_gate=True)
     convert(options)
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "path")
-    training = TrainingArguments(output_dir=str(tmp_path), trainable="lora", lora_target_modules="all-linear")
+    training = TrainingSettings(output_dir=str(tmp_path), trainable="lora", lora_target_modules="all-linear")
     peft_model = select_trainable(model, training)
     wrapped = {name.split(".")[-1] for name, module in peft_model.named_modules() if hasattr(module, "lora_A")}
     assert wrapped == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -570,7 +570,7 @@ def test_lora_all_linear_never_wraps_the_path_projections(tiny_source, tmp_path)
     }
     assert trained_fully == {"w_proj", "w_conv1d", "bt_proj", "bt_gain", "g_proj", "g_gain"}
     with pytest.raises(RecipeError, match="lora_target_modules"):
-        select_trainable(model, TrainingArguments(output_dir=".", trainable="lora", lora_target_modules=["bt_proj"]))
+        select_trainable(model, TrainingSettings(output_dir=".", trainable="lora", lora_target_modules=["bt_proj"]))
 
 
 def test_isolated_alignment_runs_under_the_accelerators_mixed_precision(tmp_path):

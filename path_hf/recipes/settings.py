@@ -1,11 +1,11 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
-"""The arguments of recipes/train.py: dataclasses with help text, read once from a YAML file and `key=value` overrides.
+"""The settings of recipes/train.py: dataclasses with help text, read once from a YAML file and `key=value` overrides.
 
     accelerate launch recipes/train.py --config recipes/configs/tiny-cpu.yaml training.output_dir=runs/x \\
         stages.0.tokens=1e5
 
-A YAML file has four sections: `model` (`ModelArguments`), `data` (`DataArguments`), `stages` (a list of `Stage`) and
-`training` (`TrainingArguments`). Every key is checked before any work starts: an unknown key, a missing required
+A YAML file has four sections: `model` (`ModelSettings`), `data` (`DataSettings`), `stages` (a list of `Stage`) and
+`training` (`TrainingSettings`). Every key is checked before any work starts: an unknown key, a missing required
 key, a wrong type or a value outside its choices fails naming the field (`training.batch_size`, `stages.0.name`).
 `python recipes/train.py --help` lists every key with its default and help.
 """
@@ -36,7 +36,7 @@ def _help(text: str, **metadata) -> dict:
 
 
 @dataclass
-class ModelArguments:
+class ModelSettings:
     path: str = field(
         metadata=_help(
             "the model to recover: a converted PaTH checkpoint (model_type path_llama), or a RoPE Llama/Qwen source "
@@ -74,7 +74,7 @@ class ModelArguments:
 
 
 @dataclass
-class DataArguments:
+class DataSettings:
     train_files: list[str] = field(
         default_factory=list,
         metadata=_help(
@@ -137,7 +137,7 @@ class Stage:
         metadata=_help(
             "share of the stage's blocks made synthetic retrieval blocks (distill stages): needle sentences with "
             "keys put in the text, questions about them at the end, the answers also trained on with cross entropy "
-            "(path_hf.recipes.retrieval; its templates are not the evaluation's)"
+            "(path_hf.recipes.retrieval_blocks; its templates are not the evaluation's)"
         ),
     )
     retrieval_weight: float = field(
@@ -168,7 +168,7 @@ class Stage:
 
 
 @dataclass
-class TrainingArguments:
+class TrainingSettings:
     output_dir: str = field(metadata=_help("run directory: converted model, checkpoints, logs, final model"))
     trainable: str = field(
         default="path",
@@ -243,10 +243,10 @@ def plan_stage_blocks(stages: list[Stage], block_size: int) -> list[PlannedStage
 
 @dataclass
 class RecipeConfig:
-    model: ModelArguments
-    data: DataArguments
+    model: ModelSettings
+    data: DataSettings
     stages: list[Stage]
-    training: TrainingArguments
+    training: TrainingSettings
 
     @cached_property
     def stage_plan(self) -> list[PlannedStage]:
@@ -322,10 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
 def describe_keys() -> str:
     """Every key with its default and help text, for `--help`."""
     sections = (
-        ("model", ModelArguments),
-        ("data", DataArguments),
+        ("model", ModelSettings),
+        ("data", DataSettings),
         ("stages.N", Stage),
-        ("training", TrainingArguments),
+        ("training", TrainingSettings),
     )
     return "\n".join(line for section, cls in sections for line in describe_fields(cls, section))
 
@@ -494,14 +494,14 @@ def flatten(tree: dict, sep: str = ".", prefix: str = "") -> dict:
 
 
 __all__ = [
-    "DataArguments",
-    "ModelArguments",
+    "DataSettings",
+    "ModelSettings",
     "PlannedStage",
     "RecipeCommand",
     "RecipeConfig",
     "RecipeError",
     "Stage",
-    "TrainingArguments",
+    "TrainingSettings",
     "build_parser",
     "check_values",
     "flatten",
