@@ -8,19 +8,23 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from importlib.metadata import version
 
 from .arguments import add_arguments, from_arguments
 from .commands.eval import EvalOptions, run_eval
 from .commands.serve import ServeOptions, run_serve
 from .conversion.convert import convert
 from .conversion.options import ConvertOptions
-from .errors import CommandError
+from .errors import CommandError, first_line
+
+INTERRUPTED = "interrupted; nothing was written"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="path-hf", description="PaTH attention for Hugging Face Transformers.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('path-hf')}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     convert_parser = commands.add_parser(
         "convert",
@@ -67,37 +71,38 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run `path-hf` with `argv` (default: `sys.argv[1:]`); returns the exit code.
-
-    A refused or failed command prints `error: <message>` on one line and returns 1; `--debug` adds the traceback.
-    Ctrl-C or SIGTERM cleans up and returns 130.
-    """
-    args = build_parser().parse_args(argv)
-    debug = getattr(args, "debug", False)
+def run_command(command: Callable[[], object], *, debug: bool = False, interrupted: str = INTERRUPTED) -> int:
+    """Run `command()` as `path-hf` runs its commands; returns the exit code. A refused or failed command prints
+    `error: <message>` on one line and returns 1 (`debug`: with the traceback); Ctrl-C or SIGTERM cleans up, prints
+    `interrupted` and returns 130."""
     try:
         with sigterm_as_interrupt():
-            if args.command == "convert":
-                convert(from_arguments(args, ConvertOptions))
-            elif args.command == "eval":
-                run_eval(from_arguments(args, EvalOptions))
-            elif args.command == "serve":
-                run_serve(from_arguments(args, ServeOptions))
+            command()
     except KeyboardInterrupt:
-        print("interrupted; nothing was written", file=sys.stderr)
+        print(interrupted, file=sys.stderr)
         return 130
     except Exception as error:
         if debug:
             traceback.print_exc()
-        lines = str(error).strip().splitlines()
-        message = lines[0] if lines else ""
+        message = first_line(error)
         if not isinstance(error, CommandError):
-            message = f"{type(error).__name__}: {message}" + (
-                "" if debug else " (rerun with --debug for the traceback)"
-            )
+            if str(error).strip():
+                message = f"{type(error).__name__}: {message}"
+            message += "" if debug else " (rerun with --debug for the traceback)"
         print(f"error: {message}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `path-hf` with `argv` (default: `sys.argv[1:]`); returns the exit code (`run_command`'s)."""
+    args = build_parser().parse_args(argv)
+    if args.command == "convert":
+        return run_command(lambda: convert(from_arguments(args, ConvertOptions)), debug=args.debug)
+    if args.command == "eval":
+        return run_command(lambda: run_eval(from_arguments(args, EvalOptions)), debug=args.debug)
+    serve = from_arguments(args, ServeOptions)
+    return run_command(lambda: run_serve(serve), debug=getattr(args, "debug", False), interrupted="stopped")
 
 
 if __name__ == "__main__":
