@@ -63,6 +63,14 @@ def field_help(name: str) -> str:
     return " ".join(entry)
 
 
+def source_context(config: Any) -> int | None:
+    """The source's training context, read off a model's config (a source's, or a PaTHLlama's that keeps its RoPE
+    parameters): `original_max_position_embeddings` of its RoPE parameters if they have one (a RoPE scaled beyond its
+    training), else `max_position_embeddings` (None for a config without either)."""
+    rope_parameters = getattr(config, "rope_parameters", None) or {}
+    return rope_parameters.get("original_max_position_embeddings") or getattr(config, "max_position_embeddings", None)
+
+
 def _config_name(field: str, value: Any = _UNSET) -> str:
     """How the config's checks name a field (`rope_max_wavelength`) or a setting of it (`rope_mode='drop'`)."""
     return field if value is _UNSET else f"{field}={value!r}"
@@ -141,12 +149,12 @@ class PaTHLlamaConfig(LlamaConfig):
             does (with `"keep"` it also depends on the absolute positions). With `beta = 0` it too is the source.
         rope_max_wavelength (`float`, *optional*):
             Critical-band partial RoPE, with `rope_mode="keep"` or `"interleave"`: PaTH layers rotate only the RoPE
-            frequency pairs whose wavelength `2 pi / theta_i` (in tokens, from `rope_theta` and the head dim, before
-            any RoPE scaling) is at most this; the slower pairs are not rotated at all (angle 0, for q, k and, with
-            `"interleave"`, w). Set to the source's training context, it removes the pairs that never complete a
-            turn in training, so no angle past that context is out of distribution and PaTH (with the forget gate)
-            carries long-range position instead (FoPE, arXiv 2412.17739; p-RoPE, arXiv 2410.06205). RoPE layers
-            (outside `path_layers`) keep every pair. `None`: every pair rotates.
+            frequency pairs whose wavelength `2 pi / theta_i` (in tokens, of the model's own RoPE: its
+            `rope_parameters`, YaRN or Llama 3 scaling included) is at most this; the slower pairs are not rotated at
+            all (angle 0, for q, k and, with `"interleave"`, w). Set to the source's training context, it removes the
+            pairs that never complete a turn in training, so no angle past that context is out of distribution and
+            PaTH (with the forget gate) carries long-range position instead (FoPE, arXiv 2412.17739; p-RoPE, arXiv
+            2410.06205). RoPE layers (outside `path_layers`) keep every pair. `None`: every pair rotates.
         path_attn_temperature_scale (`float`, *optional*, defaults to 0.0):
             Log-length attention temperature of the PaTH layers (Llama 4's `attn_temperature_tuning`): the query at
             position p is multiplied by `1 + scale * log(floor((p + 1) / length) + 1)`, which is exactly 1 inside
@@ -277,8 +285,7 @@ class PaTHLlamaConfig(LlamaConfig):
         """The length past which the PaTH layers' attention temperature grows (`path_attn_temperature_length`)."""
         if self.path_attn_temperature_length is not None:
             return self.path_attn_temperature_length
-        rope_parameters = getattr(self, "rope_parameters", None) or {}
-        return rope_parameters.get("original_max_position_embeddings") or self.max_position_embeddings
+        return source_context(self)
 
     def validate_architecture(self):
         """Part of `@strict`-powered validation: checks the shapes and the PaTH fields."""
@@ -326,4 +333,4 @@ class PaTHLlamaConfig(LlamaConfig):
         `"local_attention"`, types transformers does not list: nothing to check."""
 
 
-__all__ = ["PaTHLlamaConfig", "RopeMode", "check_path_fields", "field_help"]
+__all__ = ["PaTHLlamaConfig", "RopeMode", "check_path_fields", "field_help", "source_context"]

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache, StaticLayer
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticLayer
 from transformers.masking_utils import create_causal_mask, find_packed_sequence_indices
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
@@ -186,11 +186,39 @@ class PaTHLlamaRoPEAttention(LlamaAttention):
         attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
         return self.o_proj(attn_output), attn_weights
 
+    def _cache_layer(self, cache: Cache) -> DynamicLayer | StaticLayer:
+        """This layer's cache, for the attentions whose cache layers are their own (PaTH, local; the RoPE attention's
+        are transformers', which `cache.update` serves): one of `_cache_layer_classes`. An empty layer of another
+        class (a cache built without the config, `DynamicCache()`) is replaced by the class for its kind, `"static"`
+        for a `StaticLayer`, `"dynamic"` otherwise; a layer that holds keys, or of a kind with no class, is refused."""
+        while len(cache.layers) <= self.layer_idx and cache.layer_class_to_replicate is not None:
+            cache.layers.append(cache.layer_class_to_replicate())
+        layer = cache.layers[self.layer_idx]
+        if not isinstance(layer, tuple(self._cache_layer_classes.values())):
+            static = isinstance(layer, StaticLayer)
+            layer_class = self._cache_layer_classes.get("static" if static else "dynamic")
+            holds_keys = layer.get_seq_length() > 0
+            if holds_keys or layer_class is None:
+                raise ValueError(
+                    f"Layer {self.layer_idx} is a {self._layer_kind} but its cache is a {type(layer).__name__}"
+                    f"{' that already holds keys' if holds_keys else ''}: {self._cache_advice}"
+                )
+            layer = layer_class(layer.max_cache_len) if static else layer_class()
+            cache.layers[self.layer_idx] = layer
+        return layer
+
 
 class PaTHLlamaLocalAttention(PaTHLlamaRoPEAttention):
     """The source's RoPE attention made local (`config.local_window`): each query sees the last `local_window` keys
     and the `local_sinks` first ones, renumbered into the window (`local_attention`). Its cache is a
     `LocalCacheLayer`, which keeps only those."""
+
+    # Its cache layer (`_cache_layer`): dynamic only, and what to build instead of another.
+    _cache_layer_classes = {"dynamic": LocalCacheLayer}
+    _layer_kind = "local layer (local_window)"
+    _cache_advice = (
+        "local layers take a dynamic cache built from the model's config, `DynamicCache(config=model.config)`."
+    )
 
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
@@ -266,22 +294,6 @@ class PaTHLlamaLocalAttention(PaTHLlamaRoPEAttention):
             attn_weights.scatter_add_(-1, index[:, None, None].expand_as(kept_weights), kept_weights)
         attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
         return self.o_proj(attn_output), attn_weights
-
-    def _cache_layer(self, cache: Cache) -> LocalCacheLayer:
-        """This layer's cache; an empty layer of another class (`DynamicCache()` built without the config) is
-        replaced by a `LocalCacheLayer`."""
-        while len(cache.layers) <= self.layer_idx and cache.layer_class_to_replicate is not None:
-            cache.layers.append(cache.layer_class_to_replicate())
-        layer = cache.layers[self.layer_idx]
-        if not isinstance(layer, LocalCacheLayer):
-            if layer.get_seq_length() > 0 or isinstance(layer, StaticLayer):
-                raise ValueError(
-                    f"Layer {self.layer_idx} is a local layer (local_window) but its cache is a {type(layer).__name__}"
-                    f"{' that already holds keys' if layer.get_seq_length() > 0 else ''}: local layers take a dynamic "
-                    "cache built from the model's config, `DynamicCache(config=model.config)`."
-                )
-            layer = cache.layers[self.layer_idx] = LocalCacheLayer()
-        return layer
 
 
 def rope_band(config: PaTHLlamaConfig) -> torch.Tensor | None:
@@ -391,6 +403,13 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
     # Training then recomputes the whole layer in backward, so the torch backend keeps its walk's activations rather
     # than recompute the walk a second time; otherwise it recomputes long walks (`path_attention`'s `recompute`).
     gradient_checkpointing = False
+    # Its cache layers by the kind of cache (`_cache_layer`), and what to build instead of another.
+    _cache_layer_classes = {"dynamic": PaTHCacheLayer, "static": PaTHStaticCacheLayer}
+    _layer_kind = "PaTH layer"
+    _cache_advice = (
+        "build the cache from the model's config, `DynamicCache(config=model.config)` or "
+        "`StaticCache(config=model.config, max_cache_len=...)`."
+    )
 
     def __init__(self, config: PaTHLlamaConfig, layer_idx: int):
         super().__init__(config, layer_idx)
@@ -443,39 +462,91 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
             matrix.
         """
         batch_size, seq_len = hidden_states.shape[:2]
-        if attention_mask is not None:
-            if attention_mask.ndim != 2:
-                raise ValueError(
-                    f"PaTH layers take a 2-D padding mask [batch, past + new tokens], got {attention_mask.ndim}-D."
-                )
-            attention_mask = attention_mask.bool()
+        attention_mask = self._padding_mask(attention_mask)
         rope = position_embeddings if self.config.rope_mode != RopeMode.DROP else None
         q, k, v = self.project_qkv(hidden_states, rope)
-        if self.config.path_attn_temperature_scale:
-            position_ids = kwargs.get("position_ids")
-            if position_ids is None:
-                raise ValueError(
-                    "path_attn_temperature_scale needs the position_ids of the tokens (the model passes them)."
-                )
-            temperature = attention_temperature(
-                position_ids, self.config.path_attn_temperature_scale, self.config.attn_temperature_length, q.dtype
+        q = self._scale_queries(q, kwargs.get("position_ids"))
+        w, beta, g = self._transform_inputs(hidden_states, attention_mask)
+
+        cache_layer = self._cache_layer(cache) if cache is not None else None
+        step, past = PaTHStep.of(seq_len, cache_layer)
+        # A prefill keeps sequences apart: those packed in rows, or padded rows over their real tokens (`indices_q`).
+        cu_seqlens = None
+        if step is PaTHStep.PREFILL and (attention_mask is None or indices_q is not None):
+            cu_seqlens = cu_seq_lens_q
+        w = self._householder_vectors(
+            w, rope, attention_mask=attention_mask, cache_layer=cache_layer, cu_seqlens=cu_seqlens
+        )
+
+        attn_weights = None
+        if step is PaTHStep.DECODE:
+            o = self._decode_step(q, k, v, w, beta, g, attention_mask=attention_mask, cache_layer=cache_layer)
+            # Only when asked: the weights are read from the cache the step left, beside the output, not instead of it.
+            if kwargs.get("output_attentions", self.config.output_attentions):
+                attn_weights = self._decode_attention_weights(q, attention_mask=attention_mask, cache_layer=cache_layer)
+        elif step is PaTHStep.PREFILL:
+            o = self._prefill(
+                q,
+                k,
+                v,
+                w,
+                beta,
+                g,
+                attention_mask=attention_mask,
+                cu_seqlens=cu_seqlens,
+                indices=indices_q,
+                cache_layer=cache_layer,
             )
-            q = (q * temperature[..., None, None]).to(q.dtype)
+        else:  # PaTHStep.CONTINUE
+            o = self._chunked_prefill(
+                q, k, v, w, beta, g, attention_mask=attention_mask, cache_layer=cache_layer, past=past
+            )
+        return self.o_proj(o.reshape(batch_size, seq_len, -1)), attn_weights
+
+    @staticmethod
+    def _padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """The 2-D padding mask `[B, past + T]` as bool (True = token), or None; any other mask is refused."""
+        if attention_mask is None:
+            return None
+        if attention_mask.ndim != 2:
+            raise ValueError(
+                f"PaTH layers take a 2-D padding mask [batch, past + new tokens], got {attention_mask.ndim}-D."
+            )
+        return attention_mask.bool()
+
+    def _scale_queries(self, q: torch.Tensor, position_ids: torch.Tensor | None) -> torch.Tensor:
+        """q `[B, T, HQ, D]` times the attention temperature at `position_ids` (`path_attn_temperature_scale`), in q's
+        dtype; q itself when the temperature is off."""
+        if not self.config.path_attn_temperature_scale:
+            return q
+        if position_ids is None:
+            raise ValueError(
+                "path_attn_temperature_scale needs the position_ids of the tokens (the model passes them)."
+            )
+        temperature = attention_temperature(
+            position_ids, self.config.path_attn_temperature_scale, self.config.attn_temperature_length, q.dtype
+        )
+        return (q * temperature[..., None, None]).to(q.dtype)
+
+    def _transform_inputs(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None):
+        """The new tokens' `w` `[B, T, kv_dim]` as `w_proj` gives it (`_householder_vectors` makes the unit vectors),
+        and, in float32, `beta` `[B, T, H]` and the log forget gate `g` `[B, T, HQ]` (None without the gate): all 0 at
+        padding, which transforms nothing and feeds nothing to the convolution."""
         w = self.w_proj(hidden_states)
         # beta in [0, path_beta_max) (float32): beta > 1 gives H_t a negative eigenvalue
         beta = self.bt_gain(self.config.path_beta_max * self.bt_proj(hidden_states).float().sigmoid())
         g = self.g_gain(F.logsigmoid(self.g_proj(hidden_states).float())) if self.g_proj is not None else None
-        if attention_mask is not None:  # padding transforms nothing, and feeds nothing to the convolution
-            new_tokens = attention_mask[:, -seq_len:]
+        if attention_mask is not None:
+            new_tokens = attention_mask[:, -hidden_states.shape[1] :]
             w, beta = w * new_tokens[..., None], beta * new_tokens[..., None]
             g = g * new_tokens[..., None] if g is not None else None
+        return w, beta, g
 
-        cache_layer = self._cache_layer(cache) if cache is not None else None
-        step, past = PaTHStep.of(seq_len, cache_layer)
-        cu_seqlens = None
-        if step is PaTHStep.PREFILL and (attention_mask is None or indices_q is not None):
-            cu_seqlens = cu_seq_lens_q
-
+    def _householder_vectors(self, w, rope, *, attention_mask, cache_layer, cu_seqlens) -> torch.Tensor:
+        """The unit vectors `[B, T, H, D]` (float32) of the transforms from `_transform_inputs`' `w`: the short
+        convolution (continuing `cache_layer`'s inputs, and within each sequence packed in a row by `cu_seqlens`),
+        L2 normalisation, and with `rope_mode="interleave"` the keys' rotation `rope`."""
+        batch_size, seq_len = w.shape[:2]
         if self.w_conv1d is not None:
             conv_state = seq_pos = None
             if cache_layer is not None:
@@ -489,53 +560,28 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
             # A pure rotation: YaRN's cos/sin carry its magnitude factor (every pair alike), a temperature for q.k that
             # would stretch w off the unit sphere and H_t off a reflection (beta times that factor squared).
             w = (w * cos + rotate_half(w) * sin) / torch.hypot(cos[..., :1], sin[..., :1])
+        return w
 
-        attn_weights = None
-        if step is PaTHStep.DECODE:
-            o = self._decode_step(q, k, v, w, beta, g, attention_mask=attention_mask, cache_layer=cache_layer)
-            # Only when asked: the weights are read from the cache the step left, beside the output, not instead of it.
-            if kwargs.get("output_attentions", self.config.output_attentions):
-                attn_weights = self._decode_attention_weights(q, attention_mask=attention_mask, cache_layer=cache_layer)
-        elif step is PaTHStep.PREFILL:
-            o, k_cache = self._path_attention(
-                q,
-                k,
-                v,
-                w,
-                beta,
-                g,
-                attention_mask=attention_mask,
-                cu_seqlens=cu_seqlens,
-                return_k_cache=cache is not None,
-                indices=indices_q,
-            )
-            if cache_layer is not None:
-                cache_layer.update(k_cache.transpose(1, 2), v.transpose(1, 2))
-                if g is not None:
-                    cache_layer.update_gate(g)
-        else:  # PaTHStep.CONTINUE
-            o = self._chunked_prefill(
-                q, k, v, w, beta, g, attention_mask=attention_mask, cache_layer=cache_layer, past=past
-            )
-        return self.o_proj(o.reshape(batch_size, seq_len, -1)), attn_weights
-
-    def _cache_layer(self, cache: Cache) -> PaTHCacheLayer | PaTHStaticCacheLayer:
-        """This layer's cache; an empty layer of another class (a cache built without the config, `DynamicCache()`)
-        is replaced here by a `PaTHCacheLayer`, or a `PaTHStaticCacheLayer` if it was static."""
-        while len(cache.layers) <= self.layer_idx and cache.layer_class_to_replicate is not None:
-            cache.layers.append(cache.layer_class_to_replicate())
-        layer = cache.layers[self.layer_idx]
-        if not isinstance(layer, (PaTHCacheLayer, PaTHStaticCacheLayer)):
-            if layer.get_seq_length() > 0:
-                raise ValueError(
-                    f"Layer {self.layer_idx} is a PaTH layer but its cache is a {type(layer).__name__} that already "
-                    "holds keys: build the cache from the model's config, `DynamicCache(config=model.config)` or "
-                    "`StaticCache(config=model.config, max_cache_len=...)`."
-                )
-            static = isinstance(layer, StaticLayer)
-            layer = PaTHStaticCacheLayer(layer.max_cache_len) if static else PaTHCacheLayer()
-            cache.layers[self.layer_idx] = layer
-        return layer
+    def _prefill(self, q, k, v, w, beta, g, *, attention_mask, cu_seqlens, indices, cache_layer) -> torch.Tensor:
+        """Nothing cached: PaTH attention over the new tokens (`_path_attention`), whose transformed keys, values and
+        forget gates fill `cache_layer` when there is one."""
+        o, k_cache = self._path_attention(
+            q,
+            k,
+            v,
+            w,
+            beta,
+            g,
+            attention_mask=attention_mask,
+            cu_seqlens=cu_seqlens,
+            return_k_cache=cache_layer is not None,
+            indices=indices,
+        )
+        if cache_layer is not None:
+            cache_layer.update(k_cache.transpose(1, 2), v.transpose(1, 2))
+            if g is not None:
+                cache_layer.update_gate(g)
+        return o
 
     def _path_attention(self, q, k, v, w, beta, g, *, attention_mask, cu_seqlens, return_k_cache, indices=None):
         """`path_attention` over `[B, S]` rows (shapes as `path_attention`'s). Padding (`attention_mask` False) is
@@ -749,63 +795,21 @@ class PaTHLlamaModel(PaTHLlamaPreTrainedModel, LlamaModel):
         past_seen_tokens = cache.get_seq_length() if cache is not None else 0
         given_position_ids = position_ids
         if position_ids is None:
-            if attention_mask is not None and attention_mask.ndim == 2:
-                # As generate() does: left padding must not shift the positions RoPE sees.
-                position_ids = attention_mask.long().cumsum(-1) - 1
-                position_ids = position_ids.masked_fill(attention_mask == 0, 0)[:, -inputs_embeds.shape[1] :]
-            else:
-                position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
-                position_ids = position_ids.unsqueeze(0)
+            position_ids = self._position_ids(inputs_embeds, attention_mask, past_seen_tokens)
 
-        # Local layers read the padding from their tokens' positions (`_local_kwargs`).
-        mask_mapping = {PATH_LAYER_TYPE: attention_mask, LOCAL_LAYER_TYPE: None}
-        if "full_attention" in self.config.layer_types:
-            # An empty cache is no cache: packed sequences are then recognised, as in the PaTH layers. A static cache
-            # always counts: its keys have max_cache_len slots.
-            mask_mapping["full_attention"] = create_causal_mask(
-                config=self.config,
-                inputs_embeds=inputs_embeds,
-                attention_mask=attention_mask,
-                cache=cache if cache is not None and (cache.is_compileable or past_seen_tokens > 0) else None,
-                position_ids=position_ids,
-            )
-
-        # Padding and packed sequences, found once per forward rather than in every PaTH layer (each finding waits for
-        # the device), go down as transformers' flash-attention kwargs. The length is tested first: a static cache's
-        # length is a tensor, which a compiled decode step must not branch on.
-        layer_kwargs = dict.fromkeys(self.config.layer_types, kwargs)
-        if PATH_LAYER_TYPE in layer_kwargs and inputs_embeds.shape[1] > 1 and past_seen_tokens == 0:
-            if attention_mask is not None and attention_mask.ndim == 2:
-                unpadded = unpadded_sequences(attention_mask.bool())
-                if unpadded is None:
-                    mask_mapping[PATH_LAYER_TYPE] = None
-                else:
-                    indices, cu_seqlens = unpadded
-                    layer_kwargs[PATH_LAYER_TYPE] = {**kwargs, "cu_seq_lens_q": cu_seqlens, "indices_q": indices}
-            elif attention_mask is None and given_position_ids is not None and kwargs.get("cu_seq_lens_q") is None:
-                cu_seqlens = packed_sequences(given_position_ids, inputs_embeds.shape[0])
-                if cu_seqlens is not None:  # for every layer: flash attention takes them too
-                    max_length = int(cu_seqlens.diff().max())
-                    packed = {
-                        "cu_seq_lens_q": cu_seqlens,
-                        "cu_seq_lens_k": cu_seqlens,
-                        "max_length_q": max_length,
-                        "max_length_k": max_length,
-                    }
-                    layer_kwargs = {layer_type: {**kwargs, **packed} for layer_type in layer_kwargs}
+        mask_mapping = self._mask_mapping(inputs_embeds, attention_mask, cache, position_ids, past_seen_tokens)
+        mask_mapping[PATH_LAYER_TYPE], layer_kwargs = self._find_sequences(
+            inputs_embeds, attention_mask, given_position_ids, past_seen_tokens, kwargs
+        )
 
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
-        rope_by_type = dict.fromkeys(self.config.layer_types, position_embeddings)
+        rope_by_type = self._rope_by_type(hidden_states, position_ids, position_embeddings)
         if LOCAL_LAYER_TYPE in layer_kwargs:
-            rope_by_type[LOCAL_LAYER_TYPE] = self.local_rotary_emb(hidden_states, position_ids=position_ids)
             layer_kwargs[LOCAL_LAYER_TYPE] = {
                 **layer_kwargs[LOCAL_LAYER_TYPE],
                 **self._local_kwargs(inputs_embeds, attention_mask, position_ids, given_position_ids, past_seen_tokens),
             }
-        rotate = rope_band(self.config)
-        if rotate is not None and PATH_LAYER_TYPE in rope_by_type:  # critical-band RoPE: PaTH layers only
-            rope_by_type[PATH_LAYER_TYPE] = band_limited(position_embeddings, rotate, self.rotary_emb.attention_scaling)
 
         # Local layers with full heads take the global layers' RoPE (which evaluation may scale) for all their heads.
         full_layers = {layer for layer, _ in self.config.local_full_heads or ()}
@@ -828,6 +832,100 @@ class PaTHLlamaModel(PaTHLlamaPreTrainedModel, LlamaModel):
             last_hidden_state=hidden_states,
             cache=cache,
         )
+
+    @staticmethod
+    def _position_ids(
+        inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None, past_seen_tokens: int
+    ) -> torch.Tensor:
+        """The positions of the new tokens when none are given: with a 2-D padding mask, real tokens counted
+        (`cumsum(attention_mask) - 1`, 0 at padding), as generate() does, so that left padding does not shift the
+        positions RoPE sees; otherwise `past_seen_tokens` onwards."""
+        if attention_mask is not None and attention_mask.ndim == 2:
+            position_ids = attention_mask.long().cumsum(-1) - 1
+            return position_ids.masked_fill(attention_mask == 0, 0)[:, -inputs_embeds.shape[1] :]
+        position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen_tokens
+        return position_ids.unsqueeze(0)
+
+    def _mask_mapping(
+        self,
+        inputs_embeds: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        cache: Cache | None,
+        position_ids: torch.Tensor,
+        past_seen_tokens: int,
+    ) -> dict[str, torch.Tensor | None]:
+        """The mask of each layer type: the 2-D padding mask for the PaTH layers, none for the local layers (they read
+        the padding from their tokens' positions, `_local_kwargs`), Llama's causal mask for the full RoPE layers."""
+        mask_mapping = {PATH_LAYER_TYPE: attention_mask, LOCAL_LAYER_TYPE: None}
+        if "full_attention" in self.config.layer_types:
+            # An empty cache is no cache: packed sequences are then recognised, as in the PaTH layers. A static cache
+            # always counts: its keys have max_cache_len slots.
+            mask_mapping["full_attention"] = create_causal_mask(
+                config=self.config,
+                inputs_embeds=inputs_embeds,
+                attention_mask=attention_mask,
+                cache=cache if cache is not None and (cache.is_compileable or past_seen_tokens > 0) else None,
+                position_ids=position_ids,
+            )
+        return mask_mapping
+
+    def _find_sequences(
+        self,
+        inputs_embeds: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        given_position_ids: torch.Tensor | None,
+        past_seen_tokens: int,
+        kwargs: dict,
+    ) -> tuple[torch.Tensor | None, dict[str, dict]]:
+        """The padded or packed sequences of a prefill, found once per forward rather than in every PaTH layer (each
+        finding waits for the device), as transformers' flash-attention kwargs.
+
+        Returns:
+            The PaTH layers' padding mask (`attention_mask`, or None when it pads nothing), and the kwargs of each
+            layer type: `kwargs`, plus for the PaTH layers of a padded batch `cu_seq_lens_q` and `indices_q` (its rows
+            over the real tokens), or for every layer the `cu_seq_lens_q` / `_k` and `max_length_q` / `_k` of the
+            sequences packed in rows (found from `position_ids` that restart, when no mask is given).
+        """
+        layer_kwargs = dict.fromkeys(self.config.layer_types, kwargs)
+        # The length is tested first: a static cache's length is a tensor, which a compiled decode step must not branch
+        # on.
+        if PATH_LAYER_TYPE not in layer_kwargs or inputs_embeds.shape[1] <= 1 or past_seen_tokens != 0:
+            return attention_mask, layer_kwargs
+        if attention_mask is not None and attention_mask.ndim == 2:
+            unpadded = unpadded_sequences(attention_mask.bool())
+            if unpadded is None:
+                return None, layer_kwargs
+            indices, cu_seqlens = unpadded
+            layer_kwargs[PATH_LAYER_TYPE] = {**kwargs, "cu_seq_lens_q": cu_seqlens, "indices_q": indices}
+        elif attention_mask is None and given_position_ids is not None and kwargs.get("cu_seq_lens_q") is None:
+            cu_seqlens = packed_sequences(given_position_ids, inputs_embeds.shape[0])
+            if cu_seqlens is not None:  # for every layer: flash attention takes them too
+                max_length = int(cu_seqlens.diff().max())
+                packed = {
+                    "cu_seq_lens_q": cu_seqlens,
+                    "cu_seq_lens_k": cu_seqlens,
+                    "max_length_q": max_length,
+                    "max_length_k": max_length,
+                }
+                layer_kwargs = {layer_type: {**kwargs, **packed} for layer_type in layer_kwargs}
+        return attention_mask, layer_kwargs
+
+    def _rope_by_type(
+        self,
+        hidden_states: torch.Tensor,
+        position_ids: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """RoPE's `(cos, sin)` for each layer type: the global `position_embeddings`, the local layers' own RoPE
+        (`local_rotary_emb`), and for the PaTH layers only those pairs that critical-band RoPE keeps turning
+        (`rope_max_wavelength`)."""
+        rope_by_type = dict.fromkeys(self.config.layer_types, position_embeddings)
+        if LOCAL_LAYER_TYPE in rope_by_type:
+            rope_by_type[LOCAL_LAYER_TYPE] = self.local_rotary_emb(hidden_states, position_ids=position_ids)
+        rotate = rope_band(self.config)
+        if rotate is not None and PATH_LAYER_TYPE in rope_by_type:
+            rope_by_type[PATH_LAYER_TYPE] = band_limited(position_embeddings, rotate, self.rotary_emb.attention_scaling)
+        return rope_by_type
 
     def _local_kwargs(
         self,

@@ -44,6 +44,7 @@ from typing import Any
 from ..arguments import DTYPES
 from ..arguments import flag as option_flag
 from ..atomic import atomic_file
+from ..configuration_path_llama import source_context
 from ..errors import EvaluationError, SourceError, first_line
 from ..evaluation import COPY_SPAN, ROPE_SCALING_TYPES
 from ..evaluation.needles import DEPTHS, HAYSTACKS, MULTIKEY_KEYS, MULTIKEY_QUESTIONS
@@ -425,8 +426,7 @@ def _check_plot_format(plot: str) -> None:
 def _train_length(config, given: int | None) -> int | None:
     if given is not None:
         return given
-    rope = getattr(config, "rope_parameters", None) or {}
-    return rope.get("original_max_position_embeddings") or getattr(config, "max_position_embeddings", None)
+    return source_context(config)
 
 
 def common_train_length(records: Iterable[dict]) -> int | None:

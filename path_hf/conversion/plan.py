@@ -23,6 +23,7 @@ from transformers import AutoConfig, PretrainedConfig
 from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME
 
 from .. import PaTHLlamaConfig
+from ..configuration_path_llama import source_context
 from ..errors import ConversionError
 from ..loading import TOKENIZER_FILES
 from ..modeling_path_llama import LAYER_PARAMETER, rope_band
@@ -198,13 +199,6 @@ def model_code_bytes() -> int:
     files = {modeling_path_llama.__file__, configuration_path_llama.__file__}
     files |= set(get_relative_import_files(modeling_path_llama.__file__))
     return sum(Path(file).stat().st_size for file in files) + _METADATA_BYTES
-
-
-def source_context(config: PretrainedConfig) -> int:
-    """The source's training context: `original_max_position_embeddings` of its RoPE parameters if they have one
-    (a RoPE scaled beyond its training), else `max_position_embeddings`."""
-    rope_parameters = getattr(config, "rope_parameters", None) or {}
-    return rope_parameters.get("original_max_position_embeddings") or config.max_position_embeddings
 
 
 def _gate(config: PaTHLlamaConfig) -> str:
