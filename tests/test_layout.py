@@ -26,6 +26,7 @@ FORBIDDEN = {
     "arguments": {"conversion", "evaluation", "recipes", "commands", "cli", "loading"},
     "errors": {"conversion", "evaluation", "recipes", "commands", "cli", "loading"},
     "atomic": {"conversion", "evaluation", "recipes", "commands", "cli", "loading"},
+    "serving": {"conversion", "evaluation", "recipes", "commands", "cli"},
 }
 
 
