@@ -11,8 +11,8 @@ window, trained on CPU, and measured against the baselines under one protocol: `
               the model `make smollm2` ships.
 5. control:   the same recipe's budget without the training window shorter than the block
               (recipes/configs/smollm2-135m-cpu-control.yaml): what that change buys.
-6. eval:      every row on the protocol (examples/smollm2/protocol.yaml): perplexity on two held-out texts to 32768
-              tokens, passkey at 16384 and 32768 and multi-key at 16384; one `path-hf eval` process a cell, `--jobs`
+6. eval:      every row on the protocol (examples/smollm2/protocol.yaml): perplexity on two held-out texts inside
+              the context and past it, passkey and multi-key past it; one `path-hf eval` process a cell, `--jobs`
               side by side, each cell's CPU minutes recorded. A cell already written is kept.
 7. summary:   `results.json` (one row per model, the schema of docs/smollm2/results.json) and the table.
 
@@ -65,7 +65,7 @@ BIN = Path(sys.executable).parent
 # The baselines' conversions: StreamingLLM's window is the source's context; the retrieval-heads row keeps FULL_HEADS
 # heads whole (10% of SmolLM2's 270), the others local with a window of HEADS_WINDOW.
 SINKS, FULL_HEADS, HEADS_WINDOW = 4, 27, 2048
-# Goals (the long-context retrieval issue): passkey and multi-key at least these, and perplexity inside the context
+# The goals of the shipped recipe: passkey and multi-key at least these, and perplexity inside the context
 # at most IN_CONTEXT x the source's.
 PASSKEY_GOAL, MULTIKEY_GOAL, IN_CONTEXT = 0.9, 0.7, 1.02
 
@@ -197,13 +197,13 @@ class Plan:
         return options
 
     def rows(self) -> list[Row]:
-        """The rows of results.json. The shipped model at its own window, and at the other inference windows the
-        issue asks for (evaluation-time windows, the same weights). The trained hybrids keep RoPE under PaTH in their
+        """The rows of results.json. The shipped model at its own window, and at the protocol's `other_windows`
+        (evaluation-time windows, the same weights). The trained hybrids keep RoPE under PaTH in their
         global layers, so past the context they run with YaRN there, as the source does (`@yarn`: fitted to each
         length; the local layers' distances never pass the window)."""
         path = f"{self.train / 'final'}@yarn"
         own = self.inference_window
-        windows = sorted({1024, 2048, 8192} - {own}) if not self.quick else []
+        windows = sorted(set(self.protocol.get("other_windows", [])) - {own}) if not self.quick else []
         rows = [
             Row("source", "source", str(self.gguf)),
             Row("source + YaRN", "source+yarn", f"{self.gguf}@yarn"),
@@ -401,7 +401,7 @@ def summary(plan: Plan) -> dict:
 
 
 def goals(plan: Plan, rows: list[dict]) -> dict:
-    """The issue's goals for the shipped row: retrieval at least the goals and every baseline's, perplexity past the
+    """The goals for the shipped row: retrieval at least the goals and every baseline's, perplexity past the
     context no higher than the best free baseline's, inside it at most IN_CONTEXT x the source's."""
     shipped = next(row for row in rows if row["shipped"])
     baselines = [row for row in rows if row["kind"] != "path"]

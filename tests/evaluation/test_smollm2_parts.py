@@ -36,7 +36,12 @@ def test_a_named_step_adds_only_the_unfinished_steps_it_needs(plan):
 def test_rows_and_cells_follow_the_protocol(plan):
     rows = plan.rows()
     assert [row.kind for row in rows if row.shipped] == ["path"] and len({row.label for row in rows}) == len(rows)
-    assert {1024, 2048, 8192} <= {row.local_window or plan.inference_window for row in rows if row.kind == "path"}
+    assert [row.local_window for row in rows if row.kind == "path"] == [None] * (
+        1 + len(plan.protocol["other_windows"])
+    )
+    plan.protocol["other_windows"] = [1024, plan.inference_window, 8192]  # the shipped window is not a second row
+    windows = [row.local_window or plan.inference_window for row in plan.rows() if row.kind == "path"]
+    assert windows == [plan.inference_window, 1024, 8192]
     protocol = plan.protocol
     names = [cell.name for cell in run_py.cells(plan, rows[0])]
     assert names == [f"ppl-{text}" for text in protocol["texts"]] + [
@@ -70,3 +75,22 @@ def test_a_row_and_the_table_come_from_the_cell_reports(plan):
     header = [part.strip() for part in table[0].strip("|").split("|")]
     assert header[:2] == ["model", "training tokens (min)"] and f"passkey {length}" in header
     assert table[2].startswith("| source | 0 (0) |") and "3/10" in table[2] and "26.00" in table[2]
+
+
+def test_the_published_results_follow_the_schema_and_make_the_readme_table():
+    """docs/smollm2/results.json: one row per model of the schema's kinds, exactly one shipped (the model make
+    smollm2 builds), all on the protocol it records; the README's SmolLM2 table is the one made from it."""
+    results = json.loads((ROOT / "docs" / "smollm2" / "results.json").read_text())
+    rows = results["rows"]
+    assert [row["kind"] for row in rows if row["shipped"]] == ["path"]
+    assert {row["kind"] for row in rows} <= {"source", "source+yarn", "streaming", "heads", "control", "path"}
+    for row in rows:
+        assert {"label", "kind", "shipped", "recipe_minutes", "training_tokens", "ppl", "passkey", "multikey"} <= set(
+            row
+        )
+        for cell in [*row["passkey"].values(), *row["multikey"].values()]:
+            assert 0 <= cell["found"] <= cell["trials"]
+    assert results["protocol"]["retrieval"]["passkey"] and not any(
+        Path(row["model"].split("@")[0]).is_absolute() for row in rows
+    )
+    assert run_py.table(results) in (ROOT / "README.md").read_text()
