@@ -36,12 +36,11 @@ def test_a_named_step_adds_only_the_unfinished_steps_it_needs(plan):
 def test_rows_and_cells_follow_the_protocol(plan):
     rows = plan.rows()
     assert [row.kind for row in rows if row.shipped] == ["path"] and len({row.label for row in rows}) == len(rows)
-    assert [row.local_window for row in rows if row.kind == "path"] == [None] * (
-        1 + len(plan.protocol["other_windows"])
-    )
-    plan.protocol["other_windows"] = [1024, plan.inference_window, 8192]  # the shipped window is not a second row
-    windows = [row.local_window or plan.inference_window for row in plan.rows() if row.kind == "path"]
-    assert windows == [plan.inference_window, 1024, 8192]
+    plan.protocol["other_windows"] = [8192, plan.inference_window, 1024]  # the shipped window is not a second row
+    windows = [row.local_window for row in plan.rows() if row.kind == "path"]
+    assert windows == [None, 1024, 8192]  # the shipped row keeps the window it was converted with
+    plan.protocol["other_windows"] = []
+    assert [row.local_window for row in plan.rows() if row.kind == "path"] == [None]
     protocol = plan.protocol
     names = [cell.name for cell in run_py.cells(plan, rows[0])]
     assert names == [f"ppl-{text}" for text in protocol["texts"]] + [
