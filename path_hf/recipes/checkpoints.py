@@ -2,7 +2,8 @@
 """Checkpoints, resuming and stopping in recipes/train.py: the run state a checkpoint keeps besides model, optimizer
 and RNG states (with the config it was written with and the files it holds), saves that a kill midway cannot corrupt,
 the checks a resume makes before anything is loaded (the checkpoint whole, its run state sound, the config unchanged),
-the refusal to start anew over an earlier run, and stopping at the end of a step on SIGTERM or Ctrl-C."""
+the refusal to start anew over an earlier run, and stopping at the end of a step on SIGTERM or Ctrl-C
+(`signals.StopRequest`)."""
 
 from __future__ import annotations
 
@@ -528,27 +529,6 @@ def all_processes(accelerator: Accelerator, flag: bool) -> bool:
 
 class Interrupted(Exception):
     """The run was stopped by SIGTERM or Ctrl-C after saving a checkpoint."""
-
-
-class StopRequest:
-    """While entered, SIGTERM and Ctrl-C set `signal` instead of stopping the process: the loop checkpoints at the
-    end of the step and exits. The previous handlers come back on exit."""
-
-    def __init__(self):
-        self.signal: int | None = None
-        self._previous = {}
-
-    def __enter__(self) -> StopRequest:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc_info):
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _handle(self, signum, frame):
-        self.signal = signum
 
 
 LAUNCHER_VARIABLES = ("ACCELERATE_MIXED_PRECISION", "TORCHELASTIC_RUN_ID")  # set by accelerate launch, by torchrun

@@ -33,11 +33,11 @@ from torch.utils.data import DataLoader
 from ..errors import CommandError, RecipeError, first_line
 from ..evaluation.texts import data_fault
 from ..loading import load_tokenizer
+from ..signals import StopRequest
 from .checkpoints import (
     Checkpointer,
     Interrupted,
     RunState,
-    StopRequest,
     all_processes,
     check_output_dir,
     check_resume,
