@@ -1,6 +1,7 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
-"""The README is a user's page: short, its demo table made from docs/demo/demo.json, and every link in it and in
-docs/ leads to a file of the repository."""
+"""The README is a user's page: short, its demo table made from docs/demo/demo.json, and every relative link in it, in
+BENCHMARKS.md and in the Markdown under docs/, lab/, examples/, recipes/, bench/ and conversion/ leads to a file of the
+repository (a study's raw data moved between docs/ and lab/ without its links rewritten fails here)."""
 
 import json
 import re
@@ -23,9 +24,33 @@ def test_the_readme_is_short_and_its_demo_table_is_the_published_one():
     assert f"{table}\n\n{caption}" in readme
 
 
-@pytest.mark.parametrize("page", ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))])
-def test_relative_links_lead_to_files_of_the_repository(page):
-    path = ROOT / page
+FOLDERS = ("docs", "lab", "examples", "recipes", "bench", "conversion")
+IGNORED = ("lab/gpu/wheels", "lab/gpu/carry", "bench/out")  # .gitignore'd outputs
+
+
+def pages() -> list[str]:
+    found = {str(p.relative_to(ROOT)) for folder in FOLDERS for p in (ROOT / folder).rglob("*.md")}
+    return ["README.md", "BENCHMARKS.md", *sorted(p for p in found if not p.startswith(IGNORED))]
+
+
+def missing_links(path: Path) -> list[str]:
     targets = [t for t in LINK.findall(path.read_text()) if not re.match(r"[a-z]+:", t)]
-    missing = [t for t in targets if not (path.parent / t).exists()]
+    return [t for t in targets if not (path.parent / t).exists()]
+
+
+def test_the_link_check_reaches_docs_and_lab_and_finds_a_broken_link(tmp_path):
+    found = pages()
+    for page in ("docs/results.md", "docs/smollm2/long-context/README.md", "lab/README.md"):
+        assert page in found
+    assert any(p.startswith("lab/smollm2/") for p in found)
+    page = tmp_path / "docs" / "report.md"
+    page.parent.mkdir()
+    (tmp_path / "docs" / "kept.json").write_text("{}")
+    page.write_text("[kept](kept.json), [a section](#x), [web](https://x.org/a.json), [moved](screens/moved.json#x)\n")
+    assert missing_links(page) == ["screens/moved.json"]
+
+
+@pytest.mark.parametrize("page", pages())
+def test_relative_links_lead_to_files_of_the_repository(page):
+    missing = missing_links(ROOT / page)
     assert not missing, f"{page} links to missing files: {missing}"
