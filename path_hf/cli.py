@@ -13,11 +13,12 @@ from contextlib import contextmanager
 from importlib.metadata import version
 
 from .arguments import add_arguments, from_arguments
-from .commands.eval import EvalOptions, run_eval
+from .commands.eval import run_eval
 from .commands.serve import ServeOptions, run_serve
 from .conversion.convert import convert
 from .conversion.options import ConvertOptions
 from .errors import CommandError, first_line
+from .evaluation.options import EvalOptions
 
 INTERRUPTED = "interrupted; nothing was written"
 

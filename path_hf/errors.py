@@ -8,7 +8,8 @@ class CommandError(Exception):
 
 class SourceError(CommandError):
     """A model, config or tokenizer that `path_hf.loading` cannot find or read (a missing path, a damaged GGUF); each
-    command re-raises it as its own error type, naming the option that gave the source."""
+    command (the converter, the evaluation, the recipes) re-raises it as its own error type, naming the option that
+    gave the source."""
 
 
 class ConversionError(CommandError):
@@ -20,7 +21,7 @@ class ConversionError(CommandError):
 
 
 class EvaluationError(CommandError):
-    """`path-hf eval` was refused or failed; nothing was written."""
+    """An evaluation (`path-hf eval`, `path_hf.evaluation.evaluate`) was refused or failed; nothing was written."""
 
 
 class RecipeError(CommandError):

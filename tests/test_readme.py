@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from path_hf.commands.eval import format_table
+from path_hf.evaluation import format_table
 
 ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")

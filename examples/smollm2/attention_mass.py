@@ -36,9 +36,8 @@ import torch
 import path_hf  # noqa: F401  (registers PaTHLlama with the Auto classes)
 from path_hf.arguments import DTYPES
 from path_hf.atomic import atomic_file
-from path_hf.commands.eval import ModelSpec, _train_length
 from path_hf.errors import CommandError
-from path_hf.evaluation import attention_mass, read_texts, rope_scaling, tokenize_stream
+from path_hf.evaluation import ModelSpec, attention_mass, model_train_length, read_texts, rope_scaling, tokenize_stream
 from path_hf.loading import load_causal_lm, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,11 +62,7 @@ def scaled(model, spec: ModelSpec, length: int):
     length / training length, dynamic NTK 1; a plain spec changes nothing."""
     if spec.rope_scaling is None:
         return contextlib.nullcontext(model)
-    factor = spec.rope_factor
-    if factor is None:
-        train_length = _train_length(model.config, None)
-        factor = 1.0 if spec.rope_scaling == "dynamic" else max(1.0, length / train_length)
-    return rope_scaling(model, spec.rope_scaling, factor)
+    return rope_scaling(model, spec.rope_scaling, spec.factor_at(length, model_train_length(model.config)))
 
 
 def measure(spec: ModelSpec, texts: list[str], args: argparse.Namespace) -> dict:

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from path_hf.commands.eval import common_train_length
+from path_hf.evaluation import common_train_length
 from path_hf.recipes.models import convert_flags
 from path_hf.recipes.schedule import StagePlan, plan_stages, stage_at, tokens_before
 from path_hf.recipes.settings import RecipeConfig
@@ -620,8 +620,7 @@ class SmolLM2Run:
 
     def tables(self) -> None:
         """Each text's report (every model), its Markdown table, its plot and the goals it shows."""
-        from path_hf.commands.eval import format_table
-        from path_hf.evaluation import plot_lengths
+        from path_hf.evaluation import format_table, plot_lengths
 
         self.result.setdefault("eval", {})
         self.result.setdefault("tables", {})

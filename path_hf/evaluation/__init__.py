@@ -26,6 +26,18 @@ One implementation for the recipes' recovery tracking, `path-hf eval` and the de
 - `retrieval_heads`: each head's attention on a passkey's needle when the model writes the key (the retrieval heads),
   and the layers ranked by their strongest head (`path-hf convert --retrieval-layers` keeps those as PaTH layers).
 
+And an evaluation of several models at several lengths on the same text, what `path-hf eval` runs over these metrics:
+
+- `options`: `EvalOptions` (what to evaluate, one field a flag of `path-hf eval`) and `ModelSpec` (a model:
+  `[LABEL=]PATH[@ROPE[:FACTOR]]`); `EvalOptions.check` refuses what cannot run before any model is loaded.
+- `checks`: what is refused before any model is evaluated (`check_model`: its config, weights and tokenizer files;
+  `prepare_tokens`: a tokenizer that does not fit the text or does not belong to the model), and the `Tokens` each
+  model is evaluated on.
+- `run`: `evaluate(options)` checks every model, then loads one at a time and measures it at each length.
+- `results`: the typed results (`EvalReport` of a `ModelResult` per model, of a `LengthResult` per length) and their
+  JSON form (`to_json`), the `--output` of `path-hf eval`.
+- `report`: the Markdown table (`format_table`, of a report or its JSON) and the JSON and plot files (`write_report`).
+
 ```python
 from path_hf.evaluation import passkey_accuracy, perplexity, read_texts, tokenize_stream
 
@@ -36,6 +48,7 @@ print(result.ppl, result.tokens, passkey_accuracy(model, tokenizer, context_leng
 """
 
 from .attention_mass import attention_mass, decode_attention_rows
+from .checks import Tokens, check_model, prepare_tokens
 from .copy_retrieval import COPY_SPAN, CopyResult, copy_accuracy, copy_scores, copy_windows, label_scores
 from .needles import (
     DEPTHS,
@@ -50,6 +63,7 @@ from .needles import (
     trial_records,
     wilson_interval,
 )
+from .options import EvalOptions, ModelSpec, model_train_length, parse_depths, parse_lengths
 from .passkey import (
     PASSKEY_FILLER,
     PASSKEY_INTRO,
@@ -63,6 +77,18 @@ from .passkey import (
     passkey_windows,
 )
 from .plots import plot_lengths, plot_recovery
+from .report import format_table, write_report
+from .results import (
+    CopyScore,
+    DepthCount,
+    EvalReport,
+    LengthResult,
+    ModelResult,
+    NeedleScore,
+    NeedleSummary,
+    PerplexityScore,
+    common_train_length,
+)
 from .retrieval_heads import (
     needle_mass,
     needle_span,
@@ -71,6 +97,7 @@ from .retrieval_heads import (
     retrieval_heads,
 )
 from .rope import ROPE_SCALING_TYPES, rope_parameters_for, rope_scaling
+from .run import evaluate, evaluate_model, scaling_is_identity
 from .scoring import (
     IGNORE_INDEX,
     PerplexityResult,
@@ -92,6 +119,28 @@ from .texts import (
 )
 
 __all__ = [
+    "CopyScore",
+    "DepthCount",
+    "EvalOptions",
+    "EvalReport",
+    "LengthResult",
+    "ModelResult",
+    "ModelSpec",
+    "NeedleScore",
+    "NeedleSummary",
+    "PerplexityScore",
+    "Tokens",
+    "check_model",
+    "common_train_length",
+    "evaluate",
+    "evaluate_model",
+    "format_table",
+    "model_train_length",
+    "parse_depths",
+    "parse_lengths",
+    "prepare_tokens",
+    "scaling_is_identity",
+    "write_report",
     "COMPRESSED_SUFFIXES",
     "DEPTHS",
     "NeedleTemplate",

@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from path_hf.cli import main
-from path_hf.commands.eval import ModelSpec, parse_lengths
-from path_hf.evaluation import read_texts, tokenize_stream
+from path_hf.evaluation import ModelSpec, parse_lengths, read_texts, tokenize_stream
 from tests.evaluation.eval_models import EVAL_DATA, TRAIN_LENGTH
 
 MAX_TOKENS = 160

@@ -8,10 +8,11 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from path_hf.cli import main
-from path_hf.commands.eval import EvalOptions, ModelSpec, run_eval
+from path_hf.commands.eval import run_eval
 from path_hf.conversion import ConvertOptions
 from path_hf.conversion.convert import convert
 from path_hf.errors import ConversionError, EvaluationError, SourceError
+from path_hf.evaluation import EvalOptions, ModelSpec
 from path_hf.loading import GGUFFile, load_config
 from tests.conversion.gguf_files import tiny_model, write_gguf
 from tests.evaluation.eval_models import EVAL_DATA, TOKENIZER

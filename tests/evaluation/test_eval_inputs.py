@@ -25,8 +25,7 @@ from transformers import (
 )
 
 from path_hf.cli import main
-from path_hf.commands.eval import ModelSpec
-from path_hf.evaluation import attends_causally, data_files, load_texts, read_texts
+from path_hf.evaluation import ModelSpec, attends_causally, data_files, load_texts, read_texts
 from tests.evaluation.eval_models import EVAL_DATA, TOKENIZER, shapes
 
 

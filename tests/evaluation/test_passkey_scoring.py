@@ -21,7 +21,6 @@ from transformers import (
 
 from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
 from path_hf.cli import main
-from path_hf.commands.eval import EvalOptions, ModelSpec, parse_depths
 from path_hf.errors import EvaluationError
 from path_hf.evaluation import (
     IGNORE_INDEX,
@@ -29,10 +28,13 @@ from path_hf.evaluation import (
     PASSKEY_INTRO,
     PASSKEY_NEEDLE,
     PASSKEY_QUESTION,
+    EvalOptions,
+    ModelSpec,
     Window,
     accuracy_by_depth,
     answer_accuracy,
     answer_scores,
+    parse_depths,
     passkey_accuracy,
     passkey_windows,
     scoring,

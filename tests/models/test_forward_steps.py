@@ -8,9 +8,9 @@ from transformers import LlamaConfig
 from transformers.cache_utils import DynamicCache, DynamicLayer, StaticLayer
 
 from path_hf import LocalCacheLayer, PaTHCacheLayer, PaTHStaticCacheLayer
-from path_hf.commands.eval import _train_length
 from path_hf.configuration_path_llama import source_context
 from path_hf.conversion.plan import source_context as plan_source_context
+from path_hf.evaluation import model_train_length
 from tests.models.tiny_models import random_tokens, tiny_model, tiny_model_config
 
 # Layer 0 is a PaTH layer, layer 1 a local one.
@@ -83,5 +83,10 @@ def test_the_source_context_is_one_rule(rope_parameters, context):
     source = LlamaConfig(max_position_embeddings=64, rope_parameters=rope_parameters)
     path_config = tiny_model_config(max_position_embeddings=64, rope_parameters=rope_parameters)
     assert source_context(source) == source_context(path_config) == context
-    assert plan_source_context(source) == _train_length(source, None) == path_config.attn_temperature_length == context
-    assert _train_length(source, 5) == 5
+    assert (
+        plan_source_context(source)
+        == model_train_length(source, None)
+        == path_config.attn_temperature_length
+        == context
+    )
+    assert model_train_length(source, 5) == 5
