@@ -6,7 +6,7 @@
 Runs the model once on the first `--length` tokens of `--data` (float32), records what each of its first `--layers`
 PaTH layers hands `path_attention` (q, k, v, w, beta, g: real gates, real logit ranges, real GQA), then times
 `path_attention(backend="torch")` on them in inference: the working tree's in float32, in float32 without superblocks
-(`ops_chunk._superblock_attention`), with q, k and v in bfloat16 (where the CPU multiplies bfloat16 natively
+(`ops_superblock.superblock_attention`), with q, k and v in bfloat16 (where the CPU multiplies bfloat16 natively
 its walk multiplies in bfloat16: `ops_chunk.walk_product_dtype`) and, with --ops-before, path_hf.ops as it was at
 that commit, the rows alternating. The errors are relative (Frobenius) against the float64 torch backend without
 superblocks on the same inputs; beside them, PyTorch's SDPA in bfloat16 on the same q, k, v (plain causal
@@ -73,7 +73,7 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def walk_only(*args, backend: str = "torch", **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The torch backend with its walk over the whole sequence: no superblocks (`ops_chunk._superblock_attention`)."""
+    """The torch backend with its walk over the whole sequence: no superblocks (`superblock_attention`)."""
     return ops_chunk.chunk_path_attention(*args, **kwargs, superblock_tokens=0)
 
 

@@ -6,9 +6,9 @@
 Each (T, mode, threads) case runs one step under `torch.profiler` after a warm-up step, on the shapes of
 bench/attention_cpu.py (B=1, H=HQ=8, D=64, fp32, chunk 64; its `make_step`, so both benchmarks time the same thing).
 Two breakdowns of the step's wall time:
-- by phase: the torch backend's functions (`ops_chunk._chunk_inputs`, `_intra_chunk`, the forward walk
-  `_softmax_walk`, its written-out backward `_InterChunkSoftmax.backward`), wrapped in `record_function` here, and
-  the rest (w normalisation, beta, output layout, autograd of the intra-chunk transform);
+- by phase: the torch backend's stages, each in the `record_function` range it runs in (`ops_inputs.chunk_inputs`,
+  `ops_transform.intra_chunk`, the forward walk and its written-out backward in `ops_walk.py`), and the rest (w
+  normalisation, beta, output layout, autograd of the intra-chunk transform);
 - by kind: the self time of the aten ops, summed as matrix products (`bmm`, `mm`, `matmul`, `linalg_solve_triangular`),
   exp, other elementwise and reductions, copies and allocation (`copy_`, `cat`, `zeros`, `fill_`, `empty`, `clone`,
   ...), and the rest; what no aten op accounts for is Python and dispatch overhead.
@@ -19,7 +19,6 @@ Writes a Markdown table to stdout and JSON to bench/out/profile_cpu.json.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
@@ -29,15 +28,14 @@ from pathlib import Path
 
 import torch
 from attention_cpu import Case, machine_info, make_inputs, make_step, parse_ints
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import ProfilerActivity, profile
 
-from path_hf import ops_chunk
-
+# Each phase's name in the table, and the profiler range the torch backend runs it in.
 PHASES = {
-    "chunk inputs": (ops_chunk, "_chunk_inputs"),
-    "intra-chunk": (ops_chunk, "_intra_chunk"),
-    "walk (forward)": (ops_chunk, "_softmax_walk"),
-    "walk (backward)": (ops_chunk._InterChunkSoftmax, "backward"),
+    "chunk inputs": "path_attention.chunk_inputs",
+    "intra-chunk": "path_attention.intra_chunk",
+    "walk (forward)": "path_attention.walk",
+    "walk (backward)": "path_attention.walk_backward",
 }
 MATMUL = {"aten::bmm", "aten::mm", "aten::matmul", "aten::linalg_solve_triangular", "aten::addmm", "aten::baddbmm"}
 EXP = {"aten::exp", "aten::exp_"}
@@ -53,22 +51,6 @@ ELEMENTWISE = {
     "aten::where", "aten::neg", "aten::sigmoid", "aten::rsub", "aten::eq", "aten::bitwise_not", "aten::cumsum",
     "aten::norm", "aten::linalg_vector_norm", "aten::clamp_min", "aten::expand_as", "aten::logical_not",
 }  # fmt: skip
-
-
-def _wrap_phases() -> None:
-    """Wraps each phase's function in a `record_function` of its name (once)."""
-    for name, (owner, attribute) in PHASES.items():
-        original = getattr(owner, attribute)
-        if getattr(original, "_profiled", False):
-            continue
-        is_static = isinstance(owner.__dict__.get(attribute), staticmethod)
-
-        def wrapped(*args, _original=original, _name=name, **kwargs):
-            with record_function(_name):
-                return _original(*args, **kwargs)
-
-        wrapped._profiled = True
-        setattr(owner, attribute, staticmethod(wrapped) if is_static else functools.wraps(original)(wrapped))
 
 
 def kind(name: str) -> str:
@@ -95,7 +77,8 @@ def profile_case(case: Case, threads: int, heads: int, head_dim: int) -> dict[st
         step()
         profiled_ms = 1e3 * (time.perf_counter() - start)
     events = prof.key_averages()
-    phases = {e.key: e.cpu_time_total / 1e3 for e in events if e.key in PHASES}
+    ranges = {e.key: e.cpu_time_total / 1e3 for e in events}
+    phases = {name: ranges[key] for name, key in PHASES.items() if key in ranges}
     kinds: Counter[str] = Counter()
     calls = 0
     for e in events:
@@ -157,7 +140,6 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "profile_cpu.json")
     args = parser.parse_args()
-    _wrap_phases()
     info = machine_info(max(args.threads))
     print(f"# torch backend profile: {info['cpu']}, {info['nproc']} cores, torch {info['torch']}, commit")
     print(f"# {info['commit']}, B=1, H=HQ={args.heads}, D={args.head_dim}, fp32, chunk {args.chunk_size}; load")

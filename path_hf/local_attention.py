@@ -15,7 +15,7 @@ from transformers.cache_utils import DynamicLayer, StaticLayer
 from transformers.models.llama.modeling_llama import repeat_kv, rotate_half
 
 from .configuration_path_llama import LOCAL_LAYER_TYPE
-from .ops_chunk import FUSED_CPU_ATTENTION
+from .ops_superblock import FUSED_CPU_ATTENTION
 
 # Queries scored at a time by `local_attention` (each against its window and the sinks): nothing of size T x T forms.
 BLOCK = 1024

@@ -12,6 +12,9 @@ loads with `trust_remote_code=True` where path_hf is not installed.
 import enum
 import math
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -403,6 +406,11 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
     # Training then recomputes the whole layer in backward, so the torch backend keeps its walk's activations rather
     # than recompute the walk a second time; otherwise it recomputes long walks (`path_attention`'s `recompute`).
     gradient_checkpointing = False
+    # Keyword arguments of the torch backend (`ops_chunk.chunk_path_attention`'s knobs: `walk_merges`,
+    # `superblock_tokens`, `window`, ...) that its `path_attention` calls pass on (`chunk_options`), set on a layer by
+    # studies and tests that change how it computes (lab/smollm2/passkey_probe.py); none by default. With any set, the
+    # layer runs the torch backend.
+    chunk_options: Mapping[str, Any] = MappingProxyType({})
     # Its cache layers by the kind of cache (`_cache_layer`), and what to build instead of another.
     _cache_layer_classes = {"dynamic": PaTHCacheLayer, "static": PaTHStaticCacheLayer}
     _layer_kind = "PaTH layer"
@@ -590,6 +598,8 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
         kwargs = {"scale": self.scaling, "backend": self.config.path_backend, "return_k_cache": return_k_cache}
         if self.gradient_checkpointing and self.training:
             kwargs["recompute"] = False
+        if self.chunk_options:
+            kwargs.update(backend="torch", chunk_options=self.chunk_options)
         if attention_mask is not None and indices is None:
             indices, cu_seqlens = unpadded_sequences(attention_mask) or (None, cu_seqlens)
         if indices is None and cu_seqlens is None:

@@ -12,7 +12,13 @@ between::
 layouts are FLA's `parallel_path_attn`, so a model trained on GPU behaves the same everywhere. The math lives in
 files beside this one, as FLA keeps its kernels and their naive reference side by side:
 
-- `ops_chunk.py`: the torch backend (intra-chunk transform, inter-chunk walk, key-cache preparation);
+- `ops_chunk.py`: the torch backend's entry `chunk_path_attention`, which chooses how to run (its knobs) and runs
+  its stages, one a file as FLA's chunked kernels are:
+  - `ops_inputs.py`: the inputs cut into chunks, the layout every stage reads (and cu_seqlens read to the host);
+  - `ops_transform.py`: the intra-chunk UT transform, and chunk pairs merged into the walk's blocks;
+  - `ops_walk.py`: the inter-chunk walk with its online softmax and its written-out backward;
+  - `ops_superblock.py`: in inference on CPU, the walk within superblocks and fused attention across them;
+  - `ops_key_cache.py`: the fully transformed keys a decode starts from;
 - `ops_recurrent.py`: the decode-step key update `path_decode_update` and the token-by-token reference
   `naive_path_attention` built from it (both exported here too).
 
@@ -24,11 +30,14 @@ loads with `trust_remote_code=True` where path_hf is absent.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from functools import cache
+from typing import Any
 
 import torch
 
-from .ops_chunk import _host_cu_seqlens, chunk_path_attention
+from .ops_chunk import chunk_path_attention
+from .ops_inputs import host_cu_seqlens
 from .ops_recurrent import naive_path_attention, path_decode_update
 
 BACKENDS = ("auto", "torch", "fla")
@@ -108,7 +117,7 @@ def _check_inputs(
             raise ValueError(
                 f"With cu_seqlens the batch size must be 1, got {B}: flatten the packed sequences into one row."
             )
-        bounds = _host_cu_seqlens(cu_seqlens) if cu_seqlens.dim() == 1 else []
+        bounds = host_cu_seqlens(cu_seqlens) if cu_seqlens.dim() == 1 else []
         if not bounds or bounds[0] != 0 or bounds[-1] != T:
             raise ValueError(f"cu_seqlens must be 1-D, start at 0 and end at T={T}; got {cu_seqlens.tolist()}.")
 
@@ -127,6 +136,7 @@ def path_attention(
     return_k_cache: bool = False,
     chunk_size: int = 64,
     recompute: bool | None = None,
+    chunk_options: Mapping[str, Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     r"""PaTH attention (causal), FLA's `parallel_path_attn` semantics on any backend.
 
@@ -148,6 +158,9 @@ def path_attention(
             keeping them would take more than 32 MiB: memory O(T * chunk) instead of O(T^2 / chunk * D), for a few
             percent more matmul work in backward. Pass False where the caller is recomputed in backward anyway (a
             gradient-checkpointed layer), whose second forward has just made them. FLA's kernel ignores it.
+        chunk_options: more keyword arguments of the torch backend, `ops_chunk.chunk_path_attention`'s knobs
+            (`walk_merges`, `superblock_tokens`, `checkpoint_above_bytes`, `window`, ...; its defaults where not
+            given). Given any, `"auto"` runs the torch backend and `"fla"` refuses them.
 
     Returns:
         o `[B, T, HQ, DV]` in q's dtype, and k_cache `[B, T, H, D]` in k's dtype (None unless asked):
@@ -162,6 +175,10 @@ def path_attention(
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size}.")
     if scale is None:
         scale = q.shape[-1] ** -0.5
+    if chunk_options and backend == "fla":
+        raise ValueError(f"backend='fla' has no chunk_options (got {sorted(chunk_options)}): use backend='torch'.")
+    if chunk_options and backend == "auto":
+        backend = "torch"
     if resolve_backend(backend, q, v) == "fla":
         # Inside `try`: transformers' check_imports then does not require fla for a trust_remote_code load.
         try:
@@ -181,7 +198,7 @@ def path_attention(
         return chunk_path_attention(
             q, k, v, w, beta, g,
             scale=scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size, return_k_cache=return_k_cache,
-            recompute=recompute,
+            recompute=recompute, **(chunk_options or {}),
         )  # fmt: skip
 
 

@@ -3,7 +3,7 @@
 
 Decoding keeps every key fully transformed, `k_j <- H_t k_j` at each new token t, so that a query needs one dot
 product per key. `naive_path_attention` runs that recursion over a whole sequence: the reference beside the kernels
-(`ops_chunk.py`), as FLA keeps `naive.py` beside its kernels, with `path_attention`'s signature.
+(`ops_chunk.py` and its stages), as FLA keeps `naive.py` beside its kernels, with `path_attention`'s signature.
 
 A flat file, as `ops.py` explains: a checkpoint's remote code copies it beside the weights.
 """

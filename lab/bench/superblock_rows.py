@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from path_hf.ops import path_attention
-from path_hf.ops_chunk import _chunk_householder, _from_chunks, _to_chunks
+from path_hf.ops_inputs import from_chunks, to_chunks
+from path_hf.ops_transform import chunk_householder
 
 
 @torch.no_grad()
@@ -24,10 +25,10 @@ def superblock_rows(q, k, v, w, beta, chunk_size: int = 64, superblock: int = 4)
     H, DV = k.shape[2], v.shape[-1]
     G, C, S = HQ // H, chunk_size, superblock
     N = -(-T // C)
-    qc = _to_chunks(q.view(B, T, H, G, D), N, C, torch.float32).transpose(-2, -3).reshape(N, B, H, G * C, D)
+    qc = to_chunks(q.view(B, T, H, G, D), N, C, torch.float32).transpose(-2, -3).reshape(N, B, H, G * C, D)
     qc = qc * D**-0.5
-    kc, wc, vc = (_to_chunks(x, N, C, torch.float32) for x in (k, w, v))
-    u, c, k_end, p = _chunk_householder(kc, wc, _to_chunks(beta, N, C, torch.float32))
+    kc, wc, vc = (to_chunks(x, N, C, torch.float32) for x in (k, w, v))
+    u, c, k_end, p = chunk_householder(kc, wc, to_chunks(beta, N, C, torch.float32))
     causal = torch.ones(C, C, dtype=torch.bool).tril()
     qw = (qc @ wc.transpose(-1, -2)).unflatten(-2, (G, C)).masked_fill(~causal, 0).flatten(-3, -2)
     q_start = qc - qw @ u
@@ -57,7 +58,7 @@ def superblock_rows(q, k, v, w, beta, chunk_size: int = 64, superblock: int = 4)
         keys[:, :, m * C : end] = k_end[m]
         since_s0 = p[m] @ since_s0
     o = torch.stack(out).unflatten(-2, (G, C)).transpose(-2, -3)
-    return _from_chunks(o, T).reshape(B, T, HQ, DV)
+    return from_chunks(o, T).reshape(B, T, HQ, DV)
 
 
 def inputs(T: int, H: int, D: int) -> tuple[torch.Tensor, ...]:

@@ -32,65 +32,49 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-import path_hf.ops_chunk as ops_chunk
 from path_hf.evaluation import IGNORE_INDEX, Window, passkey_windows, rope_scaling
 from path_hf.evaluation.scoring import position_logits
 from path_hf.loading import load_causal_lm, load_tokenizer
 
+# The torch backend's walk over its C-token chunks themselves, not over pairs of them (`walk_merges`), and over the
+# whole sequence, not within superblocks (`superblock_tokens`): the windows below count whole chunks of C.
+CHUNK_WALK = {"walk_merges": 0, "superblock_tokens": 0}
+
 
 @contextlib.contextmanager
-def chunk_walk() -> Iterator[None]:
-    """The torch backend's walk over its C-token chunks themselves, not over pairs of them (`_merge_chunks`), and over
-    the whole sequence, not within superblocks (`_superblock_attention`): the windows below count whole chunks of C."""
-    walk_merges, superblock_tokens = ops_chunk._walk_merges, ops_chunk._SUPERBLOCK_TOKENS
-    ops_chunk._walk_merges, ops_chunk._SUPERBLOCK_TOKENS = (lambda length, chunk_size: 0), 0
+def chunk_options(model, **options) -> Iterator[None]:
+    """`options` added to every PaTH layer's `chunk_options` for the block: keyword arguments of the torch backend's
+    `chunk_path_attention`, which the layer passes to `path_attention` (and then runs the torch backend)."""
+    layers = [module for module in model.modules() if hasattr(module, "chunk_options")]
+    if not layers:
+        raise SystemExit("error: path_window needs a model whose PaTH layers take chunk_options (path_hf's own code)")
+    before = [layer.chunk_options for layer in layers]
+    for layer, kept in zip(layers, before, strict=True):
+        layer.chunk_options = {**kept, **options}
     try:
         yield
     finally:
-        ops_chunk._walk_merges, ops_chunk._SUPERBLOCK_TOKENS = walk_merges, superblock_tokens
+        for layer, kept in zip(layers, before, strict=True):
+            layer.chunk_options = kept
 
 
-@contextlib.contextmanager
-def path_window(window: int) -> Iterator[None]:
-    """The torch backend's PaTH attention cut to the last `window` tokens (rounded up to whole chunks) in the block."""
-    last_step = ops_chunk._last_step
-
-    def cut(cu_seqlens, n_chunks: int, chunk_size: int) -> int:
-        return min(last_step(cu_seqlens, n_chunks, chunk_size), math.ceil(window / chunk_size))
-
-    ops_chunk._last_step = cut
-    try:
-        with chunk_walk():
-            yield
-    finally:
-        ops_chunk._last_step = last_step
+def path_window(model, window: int) -> contextlib.AbstractContextManager[None]:
+    """The torch backend's PaTH attention cut to the last `window` tokens (rounded up to whole chunks) in the block:
+    the walk stops after ceil(W / C) block diagonals (`chunk_path_attention`'s `window`)."""
+    return chunk_options(model, **CHUNK_WALK, window=window)
 
 
-@contextlib.contextmanager
-def path_window_sink(window: int) -> Iterator[None]:
+def path_window_sink(model, window: int) -> contextlib.AbstractContextManager[None]:
     """`path_window`, and every query also sees the block's first chunk (its sink): the walk goes on to the end, but
-    past ceil(W / C) block diagonals only the pair (query chunk d, key chunk 0) of step d keeps its scores."""
-    masked_logits = ops_chunk._masked_logits
-
-    def cut(chunks, scores, queries: slice, keys: slice):
-        scores = masked_logits(chunks, scores, queries, keys)
-        if (queries.start or 0) > math.ceil(window / chunks.chunk_size):
-            scores = torch.cat([scores[:1], torch.full_like(scores[1:], float("-inf"))])
-        return scores
-
-    ops_chunk._masked_logits = cut
-    try:
-        with chunk_walk():
-            yield
-    finally:
-        ops_chunk._masked_logits = masked_logits
+    past ceil(W / C) block diagonals only the pair (query chunk d, key chunk 0) of step d keeps its scores
+    (`chunk_path_attention`'s `window_sink`)."""
+    return chunk_options(model, **CHUNK_WALK, window=window, window_sink=True)
 
 
 @contextlib.contextmanager
@@ -132,9 +116,9 @@ def applied(model, variant: str, original_length: int) -> contextlib.ExitStack:
         if name == "yarn":
             stack.enter_context(rope_scaling(model, "yarn", float(value), original_length))
         elif name == "path_window":
-            stack.enter_context(path_window(int(value)))
+            stack.enter_context(path_window(model, int(value)))
         elif name == "path_window_sink":
-            stack.enter_context(path_window_sink(int(value)))
+            stack.enter_context(path_window_sink(model, int(value)))
         elif name == "temperature":
             stack.enter_context(config_field(model, "path_attn_temperature_scale", float(value)))
         elif name == "local_window":

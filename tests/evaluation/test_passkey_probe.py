@@ -32,17 +32,32 @@ def windowed_reference(inputs: dict, chunk_size: int, steps: int, sink: bool) ->
 
 
 @pytest.mark.parametrize("sink", [False, True])
-def test_path_window_cuts_the_attention_to_whole_chunks_and_is_undone_after(sink):
+def test_path_window_cuts_the_attention_to_whole_chunks_and_is_undone_after(sink, tokenizer):
     inputs = make_inputs(1, 96, 2, 1, 8, gate=True)
     args = {name: inputs[name].detach() for name in ("q", "k", "v", "w", "beta", "g")}
     whole, _ = path_attention(**args, backend="torch", chunk_size=16)
     window = probe.path_window_sink if sink else probe.path_window
-    with window(20):  # ceil(20 / 16) = 2 block diagonals: between 32 and 47 keys back
-        cut, _ = path_attention(**args, backend="torch", chunk_size=16)
+    # the knobs the probe sets, at the op: ceil(20 / 16) = 2 block diagonals, between 32 and 47 keys back
+    torch.manual_seed(0)
+    model = PaTHLlamaForCausalLM(PaTHLlamaConfig(**shapes(tokenizer), path_backend="torch")).eval()
+    layers = [module for module in model.modules() if hasattr(module, "chunk_options")]
+    with window(model, 20):
+        options = {dict(layer.chunk_options)["window"] for layer in layers}
+        knobs = dict(layers[0].chunk_options)
+    assert options == {20} and len(layers) == model.config.num_hidden_layers
+    cut, _ = path_attention(**args, backend="torch", chunk_size=16, chunk_options=knobs)
     torch.testing.assert_close(cut, windowed_reference(inputs, 16, steps=2, sink=sink), rtol=1e-9, atol=1e-9)
     assert (cut - whole).abs().amax() > 1e-3  # the window removes keys that mattered
-    again, _ = path_attention(**args, backend="torch", chunk_size=16)
-    torch.testing.assert_close(again, whole, rtol=0, atol=0)
+    # and in the model: the cut changes its logits, and leaving the block restores them exactly
+    ids = torch.randint(0, model.config.vocab_size, (1, 256))  # 4 chunks of 64, the layers' default: a cut
+    with torch.no_grad():
+        before = model(ids).logits
+        with window(model, 20):
+            during = model(ids).logits
+        after = model(ids).logits
+    assert (during - before).abs().amax() > 0
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+    assert all(not layer.chunk_options for layer in layers)
 
 
 def test_probe_scores_each_prompt_under_its_variant(checkpoints, tokenizer, tmp_path):

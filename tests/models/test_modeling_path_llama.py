@@ -21,6 +21,7 @@ from path_hf import (
 from path_hf.modeling_path_llama import PATH_MODULES, PaTHGain
 from path_hf.ops import naive_path_attention
 from tests.models.tiny_models import SOURCES, path_config_from, random_tokens, tiny_model, tiny_model_config
+from tests.ops.ranges import counted_ranges
 
 
 def max_rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -221,33 +222,25 @@ def test_path_layer_matches_reference(fields):
     assert max_rel_err(out, expected) < 1e-5
 
 
-def test_long_inference_over_superblocks_keeps_the_logits(monkeypatch):
+def test_long_inference_over_superblocks_keeps_the_logits():
     """Past 1024 tokens a CPU forward without gradients runs the torch backend over superblocks
-    (`ops_chunk._superblock_attention`): the logits and the next step's cache are those of the walk alone (float32
-    sums in another order), for a 2-row batch, every PaTH feature on."""
-    from path_hf import ops_chunk
-
+    (`ops_superblock.superblock_attention`): the logits and the next step's cache are those of the walk alone
+    (float32 sums in another order; the layers' `chunk_options` turn them off), for a 2-row batch, every PaTH feature
+    on."""
     model = tiny_model(rope_mode="keep")
     tokens = random_tokens(2, 1100)
-    superblocks = []
-    real_superblock_attention = ops_chunk._superblock_attention
-    monkeypatch.setattr(
-        ops_chunk,
-        "_superblock_attention",
-        lambda *a, **k: superblocks.append(1) or real_superblock_attention(*a, **k),
-    )
 
-    def run() -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.no_grad():
+    def run() -> tuple[tuple[torch.Tensor, torch.Tensor], int]:
+        with torch.no_grad(), counted_ranges() as ran:
             prefill = model(tokens[:, :-1], use_cache=True)
             step = model(tokens[:, -1:], cache=prefill.past_key_values, use_cache=True)
-        return prefill.logits, step.logits
+        return (prefill.logits, step.logits), ran["path_attention.superblocks"]
 
-    with_superblocks = run()
+    with_superblocks, superblocks = run()
     assert superblocks  # the superblocks did run
-    monkeypatch.setattr(ops_chunk, "_SUPERBLOCK_TOKENS", 0)
-    superblocks.clear()
-    walk_only = run()
+    for layer in model.model.layers:
+        layer.self_attn.chunk_options = {"superblock_tokens": 0}
+    walk_only, superblocks = run()
     assert not superblocks
     for got, expected in zip(with_superblocks, walk_only, strict=True):
         assert max_rel_err(got, expected) < 1e-5
@@ -456,34 +449,22 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         torch.testing.assert_close(checkpointed[name], grad)
 
 
-def test_gradient_checkpointing_keeps_the_walks_keys(monkeypatch):
+def test_gradient_checkpointing_keeps_the_walks_keys():
     """A checkpointed layer is recomputed in backward, so the torch backend keeps the running keys of that second walk
     rather than recompute them once more: two walks per layer and step and no keys recomputed in backward, against
     one walk whose backward recomputes its keys without checkpointing (where every walk is made to recompute them)."""
-    from path_hf import ops_chunk
-
-    monkeypatch.setattr(ops_chunk, "_CHECKPOINT_ABOVE_BYTES", 0)  # by default, every walk's keys are recomputed
-    counts = {"walks": 0, "key steps": 0}
-    softmax_walk, next_keys = ops_chunk._softmax_walk, ops_chunk._next_keys
-
-    def counting(name, function):
-        def counted(*args, **kwargs):
-            counts[name] += 1
-            return function(*args, **kwargs)
-
-        return counted
-
-    monkeypatch.setattr(ops_chunk, "_softmax_walk", counting("walks", softmax_walk))
-    monkeypatch.setattr(ops_chunk, "_next_keys", counting("key steps", next_keys))
     model = tiny_model().train()
-    # 4 chunks of 64 (too few to merge, `_walk_merges`): steps 1-3 of the walk, one segment; 2 key steps a walk
+    for layer in model.model.layers:  # by default, every walk's keys are recomputed
+        layer.self_attn.chunk_options = {"checkpoint_above_bytes": 0}
+    # 4 chunks of 64 (too few to merge, `default_walk_merges`): steps 1-3 of the walk, one segment; 2 key steps a walk
     ids = random_tokens(1, 200)
 
     def walks_and_grads():
-        counts.update(dict.fromkeys(counts, 0))
         model.zero_grad()
-        model(ids, labels=ids).loss.backward()
-        return dict(counts), {n: p.grad.clone() for n, p in model.named_parameters()}
+        with counted_ranges() as ran:
+            model(ids, labels=ids).loss.backward()
+        counts = {"walks": ran["path_attention.walk"], "key steps": ran["path_attention.next_keys"]}
+        return counts, {n: p.grad.clone() for n, p in model.named_parameters()}
 
     layers = model.config.num_hidden_layers
     plain_counts, plain = walks_and_grads()

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from path_hf import ops_chunk
+from path_hf import ops_chunk, ops_superblock, ops_transform, ops_walk
 from path_hf.ops import naive_path_attention, path_attention, resolve_backend
 from tests.ops.path_reference import (
     assert_close,
@@ -13,6 +13,7 @@ from tests.ops.path_reference import (
     path_scores_reference,
     relative_error,
 )
+from tests.ops.ranges import counted_ranges
 
 
 def forward_backward(
@@ -91,31 +92,25 @@ def test_torch_backend_vs_reference(B, T, HQ, H, D, DV, gate, chunk_size):
     [(True, None, True), (False, None, False), (True, False, False), (False, True, True)],
     ids=["long-walk-recomputed", "short-walk-kept", "kept-as-asked", "recomputed-as-asked"],
 )
-def test_torch_backend_gradients_with_and_without_recomputation(long_walk, recompute, checkpointed, monkeypatch):
+def test_torch_backend_gradients_with_and_without_recomputation(long_walk, recompute, checkpointed):
     """By default long walks keep only each segment's first running keys for backward and recompute the others, and
     short ones keep every step's; `recompute` overrides. All give the reference's gradients, over several segments
     (19 chunks, 8 steps a segment: steps 1-8, 9-16, 17-18, whose backward recomputes 7 + 7 + 1 steps' keys)."""
-    from path_hf import ops_chunk
-
-    monkeypatch.setattr(ops_chunk, "_CHECKPOINT_ABOVE_BYTES", 0 if long_walk else 2**62)
-    monkeypatch.setattr(ops_chunk, "_walk_merges", lambda length, chunk_size: 0)  # the walk over the 19 chunks
-    calls = []
-    next_keys = ops_chunk._next_keys
-
-    def counting_next_keys(*args, **kwargs):
-        calls.append(1)
-        return next_keys(*args, **kwargs)
-
-    monkeypatch.setattr(ops_chunk, "_next_keys", counting_next_keys)
+    knobs = {
+        "checkpoint_above_bytes": 0 if long_walk else 2**62,  # long: every walk is over it; short: none is
+        "walk_merges": 0,  # the walk over the 19 chunks
+    }
     x = make_inputs(1, 300, 4, 2, 16, 16, gate=True, seed=5)
     do = torch.randn(1, 300, 4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     ref, ref_grads = forward_backward(path_attention_reference, x, do)
-    out = path_attention(**x, backend="torch", chunk_size=16, recompute=recompute)[0]
-    assert len(calls) == 17  # the forward walk: steps 1 to 17 move the keys on
-    calls.clear()
+    with counted_ranges() as forward:
+        out = path_attention(**x, backend="torch", chunk_size=16, recompute=recompute, chunk_options=knobs)[0]
+    assert forward["path_attention.next_keys"] == 17  # the forward walk: steps 1 to 17 move the keys on
     leaves = {name: t for name, t in x.items() if t is not None}
-    grads = dict(zip(leaves, torch.autograd.grad(out, list(leaves.values()), do), strict=True))
-    assert len(calls) == (15 if checkpointed else 0)
+    with counted_ranges() as backward:
+        grads = dict(zip(leaves, torch.autograd.grad(out, list(leaves.values()), do), strict=True))
+    assert backward["path_attention.walk_backward"] == 1
+    assert backward["path_attention.next_keys"] == (15 if checkpointed else 0)
     assert_close("o", ref, out, 1e-10)
     for name in ref_grads:
         assert_close(f"d{name}", ref_grads[name], grads[name], 1e-10)
@@ -387,13 +382,19 @@ def test_error_chunk_size():
         path_attention(**error_inputs(), backend="torch", chunk_size=0)
 
 
+def test_error_chunk_options_on_fla():
+    """The torch backend's knobs are not FLA's: `backend="fla"` refuses them rather than run without them."""
+    with pytest.raises(ValueError, match=r"backend='fla' has no chunk_options \(got \['walk_merges'\]\)"):
+        path_attention(**error_inputs(), backend="fla", chunk_options={"walk_merges": 0})
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 def test_exp_floor(dtype):
-    """`_exp_` is exp wherever exp is a normal number above e * tiny, and that floor's exp below: never subnormal
-    (PyTorch's CPU exp is 8-40x slower on arguments whose exp underflows)."""
-    floor = ops_chunk._EXP_FLOOR[dtype]
+    """`floored_exp_` is exp wherever exp is a normal number above e * tiny, and that floor's exp below: never
+    subnormal (PyTorch's CPU exp is 8-40x slower on arguments whose exp underflows)."""
+    floor = ops_walk.EXP_FLOOR[dtype]
     x = torch.tensor([float("-inf"), -1e4, floor - 1, floor, floor + 1, -50.0, 0.0, 3.0], dtype=dtype)
-    out = ops_chunk._exp_(x.clone())
+    out = ops_walk.floored_exp_(x.clone())
     expected = torch.where(x > floor, x.exp(), torch.tensor(floor, dtype=dtype).exp())
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
     assert (out >= torch.finfo(dtype).tiny).all()
@@ -463,7 +464,7 @@ def test_walk_product_dtype_policy(monkeypatch):
 @pytest.mark.parametrize("merges", [0, 1, 2])
 @pytest.mark.parametrize("cu_seqlens", [None, [0, 50, 200, 333]], ids=["unpacked", "packed"])
 def test_walk_over_merged_chunks_vs_reference(merges, cu_seqlens):
-    """The walk over blocks of 2^merges chunks (`_merge_chunks`) gives the brute force's output, gradients and key
+    """The walk over blocks of 2^merges chunks (`merge_chunks`) gives the brute force's output, gradients and key
     cache, GQA and gated, packed too; the chunks are padded to a multiple of 2^merges."""
     T, HQ, H, D, C = 333, 4, 2, 16, 16
     x = make_inputs(1, T, HQ, H, D, gate=True, seed=7)
@@ -485,9 +486,61 @@ def test_walk_over_merged_chunks_vs_reference(merges, cu_seqlens):
 
 
 def test_walk_merges_rule():
-    above = ops_chunk._MERGE_ABOVE * 64
-    assert ops_chunk._walk_merges(64, 64) == ops_chunk._walk_merges(above, 64) == 0
-    assert ops_chunk._walk_merges(above + 1, 64) == ops_chunk._walk_merges(32768, 64) == 1
+    above = ops_transform.MERGE_ABOVE * 64
+    merges = ops_transform.default_walk_merges
+    assert merges(64, 64) == merges(above, 64) == 0
+    assert merges(above + 1, 64) == merges(32768, 64) == 1
+
+
+def windowed_reference(x: dict, bounds: list[tuple[int, int]], chunk_size: int, steps: int, sink: bool) -> torch.Tensor:
+    """The brute force's attention over the packed sequences `bounds` of one row, where the query at position i sees
+    the key at j only if j's chunk is at most `steps` chunks before i's (of the row's chunks of `chunk_size`), or,
+    with `sink`, is the row's first chunk."""
+    q, k, v, w, beta, g = (x[n] for n in ("q", "k", "v", "w", "beta", "g"))
+    B, T, HQ, D = q.shape
+    logits = torch.full((B, HQ, T, T), float("-inf"), dtype=q.dtype)
+    for a, b in bounds:
+        scores, _ = path_scores_reference(q[:, a:b], k[:, a:b], w[:, a:b], beta[:, a:b])
+        gate = g[:, a:b].cumsum(1).transpose(1, 2)
+        logits[:, :, a:b, a:b] = scores + gate[..., :, None] - gate[..., None, :]
+    chunk = torch.arange(T) // chunk_size
+    visible = chunk[None, :] >= chunk[:, None] - steps
+    if sink:
+        visible |= chunk[None, :] == 0
+    probs = (D**-0.5 * logits.masked_fill(~visible, float("-inf"))).softmax(-1)
+    return (probs @ v.repeat_interleave(HQ // k.shape[2], dim=2).transpose(1, 2)).transpose(1, 2)
+
+
+@pytest.mark.parametrize("sink", [False, True], ids=["window", "window-sink"])
+@pytest.mark.parametrize("cu_seqlens", [None, [0, 70, 200]], ids=["unpacked", "packed"])
+def test_window_vs_reference(sink, cu_seqlens):
+    """`window` (lab/smollm2/passkey_probe.py's `path_window`): a query sees the keys of its own chunk and of the
+    ceil(W / C) chunks before it, and with `window_sink` also those of the first chunk, as the brute force does with
+    its scores masked so; output and gradients, GQA and gated, packed too. Without them, the walk is not the same."""
+    T, HQ, H, D, C, W = 200, 4, 2, 16, 16, 40  # 3 chunks back
+    x = make_inputs(1, T, HQ, H, D, gate=True, seed=11)
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens)
+    bounds = [(0, T)] if cu_seqlens is None else list(zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True))
+    do = torch.randn(1, T, HQ, D, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    ref, ref_grads = forward_backward(lambda **a: (windowed_reference(a, bounds, C, 3, sink),), x, do)
+    options = {"scale": D**-0.5, "cu_seqlens": cu, "chunk_size": C, "walk_merges": 0}
+    out, grads = forward_backward(ops_chunk.chunk_path_attention, x, do, **options, window=W, window_sink=sink)
+    assert_close("o", ref, out, 1e-10)
+    for name in ref_grads:
+        assert_close(f"d{name}", ref_grads[name], grads[name], 1e-10)
+    with torch.no_grad():
+        inference = ops_chunk.chunk_path_attention(**x, **options, window=W, window_sink=sink)[0]
+        whole = ops_chunk.chunk_path_attention(**x, **options)[0]
+    assert_close("o (inference)", ref, inference, 1e-10)
+    assert relative_error(ref, whole) > 1e-3
+
+
+def test_window_errors():
+    x = make_inputs(1, 20, 2, 2, 16)
+    with pytest.raises(ValueError, match="window must be None or at least 0, got -1"):
+        ops_chunk.chunk_path_attention(**x, scale=0.25, window=-1)
+    with pytest.raises(ValueError, match="window_sink needs a window"):
+        ops_chunk.chunk_path_attention(**x, scale=0.25, window_sink=True)
 
 
 @pytest.mark.parametrize(
@@ -501,48 +554,42 @@ def test_walk_merges_rule():
     ],
     ids=["gqa-gate-padded", "mha-wide-v", "gqa-gate-narrow-v", "exact-multiple", "batch-3"],
 )
-def test_superblocks_vs_reference(B, T, HQ, H, D, DV, gate, merges, monkeypatch):
-    """Inference over superblocks (`_superblock_attention`: the walk within each, the fused SDPA kernel on the earlier
+def test_superblocks_vs_reference(B, T, HQ, H, D, DV, gate, merges):
+    """Inference over superblocks (`superblock_attention`: the walk within each, the fused SDPA kernel on the earlier
     keys) gives the brute force's output and key cache, GQA, gated, with v wider and narrower than k, the chunks
     padded to whole superblocks, a batch of several sequences; the far part does run."""
     C, tokens = 16, 64
     x = {n: None if t is None else t.detach() for n, t in make_inputs(B, T, HQ, H, D, DV=DV, gate=gate, seed=3).items()}
     ref, ref_k_cache = path_attention_reference(**x)
-    far = []
-    real_far_attention = ops_chunk._far_attention
-    monkeypatch.setattr(ops_chunk, "_far_attention", lambda *a: far.append(a[0].shape[0]) or real_far_attention(*a))
-    with torch.no_grad():
+    with torch.no_grad(), counted_ranges() as ran:
         out, k_cache = ops_chunk.chunk_path_attention(
             **x, scale=D**-0.5, chunk_size=C, walk_merges=merges, superblock_tokens=tokens, return_k_cache=True
         )
-    assert far == [-(-T // tokens)]  # one call, over every superblock
+    assert ran["path_attention.far_attention"] == 1  # one call, over every superblock: the fused kernel on each
+    assert ran["aten::_scaled_dot_product_flash_attention_for_cpu"] == -(-T // tokens) - 1  # but the first
     assert_close("o", ref, out, 1e-10)
     assert_close("k_cache", ref_k_cache, k_cache, 1e-10)
 
 
-def test_superblock_rule(monkeypatch):
+def test_superblock_rule():
     """Superblocks only in inference, on CPU, unpacked, past two of them, over unmerged chunks (they replace the
     walk's merged blocks, and a walk asked to merge runs without them)."""
-    assert ops_chunk._superblock_blocks(1024, 64, 512) == 0  # two superblocks: the walk alone
-    assert ops_chunk._superblock_blocks(1025, 64, 512) == ops_chunk._superblock_blocks(32768, 64, 512) == 8
-    assert ops_chunk._superblock_blocks(32768, 64, 64) == ops_chunk._superblock_blocks(32768, 64, 0) == 0
-    calls = []
-
-    def superblocks(chunks, **kwargs) -> None:
-        calls.append(chunks.superblock)
-        raise StopIteration  # the rule is what is tested, not the output
-
-    monkeypatch.setattr(ops_chunk, "_superblock_attention", superblocks)
-    monkeypatch.setattr(ops_chunk, "_merge_chunks", lambda *a: calls.append("merge") or a)
+    blocks = ops_superblock.superblock_blocks
+    assert blocks(1024, 64, 512) == 0  # two superblocks: the walk alone
+    assert blocks(1025, 64, 512) == blocks(32768, 64, 512) == 8
+    assert blocks(32768, 64, 64) == blocks(32768, 64, 0) == 0
     x = make_inputs(1, 200, 2, 2, 16, gate=True, seed=1)
     kwargs = {"scale": 0.25, "chunk_size": 4, "superblock_tokens": 32}
-    ops_chunk.chunk_path_attention(**x, **kwargs)  # gradients wanted: the walk, merged (200 > 16 chunks of 4)
-    assert calls == ["merge"]
+
+    def stages(**more) -> tuple[int, int, int]:
+        """How often the chunks were merged and superblocks ran, and how many times the walk moved its keys on."""
+        with counted_ranges() as ran:
+            ops_chunk.chunk_path_attention(**x, **kwargs, **more)
+        return tuple(ran[f"path_attention.{stage}"] for stage in ("merge_chunks", "superblocks", "next_keys"))
+
+    assert stages()[:2] == (1, 0)  # gradients wanted: the walk, merged (200 > 16 chunks of 4)
     with torch.no_grad():
-        ops_chunk.chunk_path_attention(**x, cu_seqlens=torch.tensor([0, 100, 200]), **kwargs)  # packed: the same
-        ops_chunk.chunk_path_attention(**x, walk_merges=1, **kwargs)
-        assert calls == ["merge"] * 3
-        calls.clear()
-        with pytest.raises(StopIteration):
-            ops_chunk.chunk_path_attention(**x, **kwargs)
-        assert calls == [8]  # superblocks of 8 unmerged chunks
+        assert stages(cu_seqlens=torch.tensor([0, 100, 200]))[:2] == (1, 0)  # packed: the same
+        assert stages(walk_merges=1)[:2] == (1, 0)
+        # superblocks of 8 unmerged chunks: the walk runs within them, 7 steps, so it moves its keys on 6 times
+        assert stages() == (0, 1, 6)
