@@ -1,16 +1,16 @@
 # Copyright 2026 The path-hf authors. Apache-2.0.
-"""`path-hf`: the command line of path-hf, one subcommand per task (`path-hf convert ...`)."""
+"""`path-hf`: the command line of path-hf, one subcommand per task (`path-hf convert ...`). The `path-hf` launcher
+(`path_hf_cli`, which imports neither torch nor transformers) answers `--help` and `--version` itself and hands each
+command here."""
 
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from importlib.metadata import version
+from collections.abc import Callable, Sequence
+
+from path_hf_cli import command_parser
 
 from .arguments import add_arguments, from_arguments
 from .commands.eval import run_eval
@@ -19,57 +19,19 @@ from .conversion.convert import convert
 from .conversion.options import ConvertOptions
 from .errors import CommandError, first_line
 from .evaluation.options import EvalOptions
+from .signals import sigterm_as_interrupt
 
 INTERRUPTED = "interrupted; nothing was written"
+OPTIONS = {"convert": ConvertOptions, "eval": EvalOptions, "serve": ServeOptions}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="path-hf", description="PaTH attention for Hugging Face Transformers.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version('path-hf')}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    convert_parser = commands.add_parser(
-        "convert",
-        help="convert a RoPE Llama / Qwen2 / Qwen3 / Mistral checkpoint into a PaTH checkpoint",
-        description="Convert a RoPE Llama, Qwen2, Qwen3 or Mistral checkpoint into a PaTHLlama checkpoint that "
-        "loads with from_pretrained, streaming it shard by shard. The output appears atomically at DST.",
-    )
-    add_arguments(convert_parser, ConvertOptions)
-    eval_parser = commands.add_parser(
-        "eval",
-        help="perplexity, passkey and copy retrieval at several context lengths, for one or more causal LMs",
-        description="Evaluate causal LMs (Llama, Qwen, PaTHLlama, ...; optionally with YaRN / dynamic NTK RoPE "
-        "scaling) at several context lengths: perplexity on held-out text and passkey and copy retrieval. Prints a "
-        "table; writes JSON and a plot on request.",
-    )
-    add_arguments(eval_parser, EvalOptions)
-    serve_parser = commands.add_parser(
-        "serve",
-        help="an OpenAI-compatible server (chat completions, completions) for a PaTH model",
-        description="Serve a PaTH checkpoint with transformers' own server (`transformers serve`): /v1/models, "
-        "/v1/chat/completions and /v1/completions, streaming or not, the model loaded with path_hf's classes.",
-    )
-    add_arguments(serve_parser, ServeOptions)
+    """The launcher's parser (`path_hf_cli.command_parser`: the commands, their help, `--version`) with each
+    command's options."""
+    parser, commands = command_parser()
+    for name, options in OPTIONS.items():
+        add_arguments(commands[name], options)
     return parser
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM (what `kill`, `timeout` and job schedulers send) raises `KeyboardInterrupt` as
-    Ctrl-C does, so that the same cleanups run; a second SIGTERM during them is ignored. The previous handler is
-    restored on exit. Only the main thread receives signals: elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def run_command(command: Callable[[], object], *, debug: bool = False, interrupted: str = INTERRUPTED) -> int:
