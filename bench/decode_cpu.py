@@ -2,9 +2,12 @@
 
     python bench/decode_cpu.py                          # hidden 256, 4 layers, 4 heads, vocab 1024, P=512, N=128
     python bench/decode_cpu.py --hidden 576 --intermediate 1536 --layers 30 --heads 9 --kv-heads 3 \
-        --vocab 49152 --forget-gate                     # SmolLM2-135M's sizes
+        --vocab 49152 --forget-gate --prompt-lens 512,4096  # SmolLM2-135M's sizes, two contexts
+    python bench/decode_cpu.py --checkpoints examples/default_model/checkpoint runs/bench/default-path \
+        --prompt-lens 16                                # a source checkpoint against its conversion
 
-Both models are randomly initialised from one LlamaConfig (PaTH adds its own fields on top) and run
+Both models are randomly initialised from one LlamaConfig (PaTH adds its own fields on top), or, with
+--checkpoints SOURCE CONVERTED, loaded: a RoPE checkpoint and its `path-hf convert` output. They and run
 `generate(do_sample=False)` with no EOS, so every run makes exactly N new tokens. Each model runs with the default
 dynamic cache, with `cache_implementation="static"`, and with the static cache and its decode step compiled
 (`torch.compile` through generate's `compile_config`; the first call, a warm-up, compiles). Decode tokens/s counts
@@ -23,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, CompileConfig, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
 from path_hf.configuration_path_llama import ROPE_MODES
@@ -41,7 +44,7 @@ def build_models(args: argparse.Namespace) -> dict[str, PreTrainedModel]:
         "num_attention_heads": args.heads,
         "num_key_value_heads": args.kv_heads or args.heads,
         "vocab_size": args.vocab,
-        "max_position_embeddings": args.prompt_len + args.new_tokens,
+        "max_position_embeddings": max(int(length) for length in args.prompt_lens.split(",")) + args.new_tokens,
         "eos_token_id": None,
         "pad_token_id": 0,
     }
@@ -64,6 +67,16 @@ def cache_modes() -> dict[str, dict]:
         "static": {"cache_implementation": "static"},
         "static + compiled": {"cache_implementation": "static", "compile_config": compile_config},
     }
+
+
+def load_models(source: Path, converted: Path) -> dict[str, PreTrainedModel]:
+    """A source checkpoint and its conversion, as `from_pretrained` loads them (float32)."""
+    models = {}
+    for name, path in (("source", source), ("converted", converted)):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model.generation_config.eos_token_id = None  # exactly N new tokens
+        models[f"{name} ({path.name})"] = model.eval()
+    return models
 
 
 def generate_seconds(model: PreTrainedModel, prompt: torch.Tensor, new_tokens: int, kwargs: dict) -> float:
@@ -111,7 +124,10 @@ def main() -> None:
     parser.add_argument("--intermediate", type=int, default=None, help="default: 4 * --hidden")
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--prompt-lens", default="512", help="comma-separated prompt lengths, one table each")
+    parser.add_argument(
+        "--checkpoints", nargs=2, type=Path, metavar=("SOURCE", "CONVERTED"), help="load these instead of the sizes"
+    )
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--rope-mode", choices=ROPE_MODES, default="drop")
     parser.add_argument("--forget-gate", action="store_true", help="PaTH-FoX (path_forget_gate=True)")
@@ -122,33 +138,36 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    models = build_models(args)
+    models = load_models(*args.checkpoints) if args.checkpoints else build_models(args)
+    vocab = next(iter(models.values())).config.vocab_size
     modes = cache_modes()
     runs = {f"{name}, {mode}": (model, modes[mode]) for name, model in models.items() for mode in args.modes}
-    prompt = torch.randint(1, args.vocab, (args.batch, args.prompt_len), generator=torch.Generator().manual_seed(0))
+    first = next(iter(models.values())).config
     print(f"# Greedy decode on CPU, torch {torch.__version__}, torch.set_num_threads({args.threads}), fp32;")
     print(
-        f"# hidden {args.hidden}, intermediate {models['llama (sdpa)'].config.intermediate_size}, {args.layers} layers,"
-        f" {args.heads} heads ({models['llama (sdpa)'].config.num_key_value_heads} KV), vocab {args.vocab},"
-        f" batch {args.batch},"
+        f"# hidden {first.hidden_size}, intermediate {first.intermediate_size}, {first.num_hidden_layers} layers,"
+        f" {first.num_attention_heads} heads ({first.num_key_value_heads} KV), vocab {vocab}, batch {args.batch};"
+        f" {args.new_tokens} new tokens; median of {args.reps} after one warm-up."
     )
-    print(f"# prompt {args.prompt_len}, {args.new_tokens} new tokens; median of {args.reps} after one warm-up.")
-    loadavg_start = os.getloadavg()
-    print(f"# Load average at start: {loadavg_start}")
-    rows = measure(runs, prompt, args.new_tokens, args.reps)
-    base = rows[next(iter(rows))]
-    print("\n| model, cache | params | decode tok/s | vs Llama | generate(N) s | prefill + 1st token s | warm-up s |")
-    print("|---|---|---|---|---|---|---|")
-    for name, r in rows.items():
-        ratio = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
-        print(
-            f"| {name} | {r['params'] / 1e6:.2f}M | {r['decode_tokens_per_s']:.1f} | {ratio:.2f}x |"
-            f" {r['generate_s']:.2f} | {r['prefill_plus_first_token_s']:.3f} | {r['warmup_generate_s']:.1f} |"
-        )
-    loadavg_end = os.getloadavg()
-    print(f"# Load average at end: {loadavg_end}")
-    machine = {"torch": torch.__version__, "threads": args.threads, "loadavg": [loadavg_start, loadavg_end]}
-    result = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}
+    results = []
+    for prompt_len in (int(length) for length in args.prompt_lens.split(",")):
+        prompt = torch.randint(1, vocab, (args.batch, prompt_len), generator=torch.Generator().manual_seed(0))
+        loadavg_start = os.getloadavg()
+        rows = measure(runs, prompt, args.new_tokens, args.reps)
+        loadavg_end = os.getloadavg()
+        base = rows[next(iter(rows))]
+        print(f"\n## prompt {prompt_len} (load average {loadavg_start[0]:.2f} at start, {loadavg_end[0]:.2f} at end)")
+        print("\n| model, cache | params | decode tok/s | vs the first row | generate(N) s | prefill + 1st token s |")
+        print("|---|---|---|---|---|---|")
+        for name, r in rows.items():
+            ratio = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
+            print(
+                f"| {name} | {r['params'] / 1e6:.2f}M | {r['decode_tokens_per_s']:.1f} | {ratio:.2f}x |"
+                f" {r['generate_s']:.2f} | {r['prefill_plus_first_token_s']:.3f} |"
+            )
+        results.append({"prompt_len": prompt_len, "loadavg": [loadavg_start, loadavg_end], "rows": rows})
+    machine = {"torch": torch.__version__, "threads": args.threads}
+    result = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}, "prompts": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"# JSON: {args.out}")

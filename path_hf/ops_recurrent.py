@@ -26,7 +26,9 @@ def path_decode_update(keys: torch.Tensor, w: torch.Tensor, beta: torch.Tensor) 
     """
     dtype = torch.promote_types(keys.dtype, torch.float32)
     k, w = keys.to(dtype), w.to(dtype).unsqueeze(2)
-    return (k - beta.to(dtype)[..., None, None] * (k * w).sum(-1, keepdim=True) * w).to(keys.dtype)
+    # two passes over the cache: the products w . k, then k - (beta w . k) w in one op (addcmul)
+    scaled = (k * w).sum(-1, keepdim=True) * beta.to(dtype)[..., None, None]
+    return torch.addcmul(k, scaled, w, value=-1).to(keys.dtype)
 
 
 def naive_path_attention(
