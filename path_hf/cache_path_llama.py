@@ -44,9 +44,20 @@ class PaTHCacheLayer(DynamicLayer):
         self.conv_state: torch.Tensor | None = None
         self.gate: torch.Tensor | None = None
 
-    def transform_keys(self, w: torch.Tensor, beta: torch.Tensor) -> None:
-        """Apply a new token's Householder transform (`w` `[B, H, D]`, `beta` `[B, H]`) to every cached key."""
-        self.keys = path_decode_update(self.keys, w, beta)
+    def decode_update(
+        self, w: torch.Tensor, beta: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step: the new token's Householder transform (`w` `[B, H, D]`, `beta` `[B, H]`) applied to every
+        cached key, then its key and value `[B, H, 1, D]` appended (as `update`); returns the keys and values. The
+        transformed keys are written straight into the grown cache: one pass over it fewer than transforming and then
+        appending."""
+        cached = self.keys.shape[-2]
+        keys = self.keys.new_empty(*self.keys.shape[:2], cached + key_states.shape[-2], self.keys.shape[-1])
+        path_decode_update(self.keys, w, beta, out=keys[:, :, :cached])
+        keys[:, :, cached:] = key_states
+        self.keys = keys
+        self.values = torch.cat([self.values, value_states], dim=-2)
+        return self.keys, self.values
 
     def replace_keys(self, keys: torch.Tensor) -> None:
         """Set the transformed keys `[B, H, S, D]` of all S cached tokens (a chunked prefill recomputes them)."""
@@ -129,9 +140,13 @@ class PaTHStaticCacheLayer(StaticLayer):
             torch._dynamo.mark_static_address(buffer)
         return buffer
 
-    def transform_keys(self, w: torch.Tensor, beta: torch.Tensor) -> None:
-        """Apply a new token's Householder transform (`w` `[B, H, D]`, `beta` `[B, H]`) to every slot, in place."""
-        self.keys.copy_(path_decode_update(self.keys, w, beta))
+    def decode_update(
+        self, w: torch.Tensor, beta: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step: the new token's Householder transform applied to every slot in place, then its key and
+        value stored (`update`); returns the slots' keys and values."""
+        path_decode_update(self.keys, w, beta, out=self.keys)
+        return self.update(key_states, value_states)
 
     def replace_keys(self, keys: torch.Tensor) -> None:
         """Set the transformed keys `[B, H, S, D]` of the S cached tokens (a chunked prefill recomputes them)."""

@@ -630,8 +630,7 @@ class PaTHLlamaAttention(PaTHLlamaRoPEAttention):
 
     def _decode_step(self, q, k, v, w, beta, g, *, attention_mask, cache_layer) -> torch.Tensor:
         """One new token: its transform updates the cached keys, then it attends to them like to a KV cache."""
-        cache_layer.transform_keys(w[:, 0], beta[:, 0])
-        keys, values = cache_layer.update(k.transpose(1, 2), v.transpose(1, 2))
+        keys, values = cache_layer.decode_update(w[:, 0], beta[:, 0], k.transpose(1, 2), v.transpose(1, 2))
         bias = None  # [B, HQ or 1, 1, S]
         if g is not None:  # FLA adds the gate before the softmax scale
             bias = (self.scaling * cache_layer.update_gate(g)[:, :, None, :]).to(q.dtype)

@@ -13,22 +13,30 @@ from __future__ import annotations
 import torch
 
 
-def path_decode_update(keys: torch.Tensor, w: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+def path_decode_update(
+    keys: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Apply the new token's Householder transform to every cached key: `k <- k - beta (w . k) w`.
 
     Args:
         keys: cached, already transformed keys `[B, H, S, D]` (transformers' cache layout).
         w: the new token's direction `[B, H, D]`, L2-normalised.
         beta: the new token's strength `[B, H]`.
+        out: where to write the updated keys (`[B, H, S, D]`, keys' dtype; may be `keys` itself, or a slice of a
+            larger buffer), instead of a new tensor.
 
     Returns:
-        The updated keys `[B, H, S, D]` in keys' dtype (the algebra runs in at least fp32).
+        The updated keys `[B, H, S, D]` in keys' dtype (the algebra runs in at least fp32): `out` when given.
     """
     dtype = torch.promote_types(keys.dtype, torch.float32)
     k, w = keys.to(dtype), w.to(dtype).unsqueeze(2)
     # two passes over the cache: the products w . k, then k - (beta w . k) w in one op (addcmul)
     scaled = (k * w).sum(-1, keepdim=True) * beta.to(dtype)[..., None, None]
-    return torch.addcmul(k, scaled, w, value=-1).to(keys.dtype)
+    differentiable = torch.is_grad_enabled() and (k.requires_grad or scaled.requires_grad or w.requires_grad)
+    if out is not None and out.dtype == dtype and not differentiable:  # elementwise: `out` may alias `keys`
+        return torch.addcmul(k, scaled, w, value=-1, out=out)
+    updated = torch.addcmul(k, scaled, w, value=-1).to(keys.dtype)
+    return updated if out is None else out.copy_(updated)
 
 
 def naive_path_attention(

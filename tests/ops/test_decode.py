@@ -92,3 +92,13 @@ def test_decode_update_is_householder_product(dtype):
     out = path_decode_update(keys.to(dtype), w.float(), beta.float())
     assert out.dtype == dtype and out.shape == keys.shape
     assert_close("keys", expected, out, {torch.float64: 1e-6, torch.float32: 1e-6, torch.bfloat16: 1e-2}[dtype])
+
+    # written into a given tensor instead: the keys themselves (in place, a static cache's slots), or the first S
+    # positions of a larger buffer (a dynamic cache grown by the new token): the same values, bit for bit
+    in_place = keys.to(dtype).clone()
+    assert path_decode_update(in_place, w.float(), beta.float(), out=in_place) is in_place
+    torch.testing.assert_close(in_place, out, rtol=0, atol=0)
+    grown = torch.full((B, H, S + 1, D), 7.0, dtype=dtype)
+    path_decode_update(keys.to(dtype), w.float(), beta.float(), out=grown[:, :, :S])
+    torch.testing.assert_close(grown[:, :, :S], out, rtol=0, atol=0)
+    assert (grown[:, :, S:] == 7).all()
