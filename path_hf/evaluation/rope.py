@@ -12,14 +12,15 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from ..configuration_path_llama import RopeMode
+from ..configuration_path_llama import RopeMode, source_context
 
 ROPE_SCALING_TYPES = ("linear", "dynamic", "yarn")
 
 
 def rope_parameters_for(config, rope_type: str, factor: float, original_length: int | None = None) -> dict:
     """transformers' `rope_parameters` of `rope_type` ("linear", "dynamic" or "yarn") with `factor`, on the model's
-    own `rope_theta`; `original_length` (the training context) defaults to the model's `max_position_embeddings`.
+    own `rope_theta`; `original_length` (the training context) defaults to the model's (`source_context`: its
+    RoPE's `original_max_position_embeddings`, else `max_position_embeddings`).
 
     Dynamic NTK rescales the base only for sequences longer than `max_position_embeddings`, so that must be the
     training context; YaRN and linear interpolation apply `factor` at every length."""
@@ -34,7 +35,7 @@ def rope_parameters_for(config, rope_type: str, factor: float, original_length: 
         raise ValueError(f"{type(config).__name__} has rope_mode='drop' in every layer: the model uses no RoPE")
     if "rope_theta" not in current:
         raise ValueError(f"{type(config).__name__} has no rope_parameters with a rope_theta: the model uses no RoPE")
-    original_length = original_length or config.max_position_embeddings
+    original_length = original_length or source_context(config)
     parameters = {"rope_type": rope_type, "rope_theta": current["rope_theta"], "factor": float(factor)}
     if rope_type == "yarn":
         parameters["original_max_position_embeddings"] = original_length
@@ -55,12 +56,13 @@ def rope_scaling(
     exceeds the window, so none is out of distribution while the window is at most the training context
     (`original_length`). A window longer than that is rescaled with the rest."""
     config = copy.deepcopy(model.config)
+    original_length = original_length or source_context(config)
     config.rope_parameters = rope_parameters_for(config, rope_type, factor, original_length)
     if rope_type == "dynamic":
-        config.max_position_embeddings = original_length or config.max_position_embeddings
+        config.max_position_embeddings = original_length
     window = getattr(config, "local_window", None)
     names = {"rotary_emb"}
-    if window is not None and window > (original_length or model.config.max_position_embeddings):
+    if window is not None and window > original_length:
         names.add("local_rotary_emb")
     swapped = []
     for name, module in list(model.named_modules()):

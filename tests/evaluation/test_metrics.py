@@ -15,6 +15,7 @@ from path_hf.evaluation import (
     passkey_accuracy,
     passkey_windows,
     perplexity,
+    rope_parameters_for,
     rope_scaling,
 )
 
@@ -100,6 +101,24 @@ def test_rope_scaling_swaps_and_restores(llama):
     with pytest.raises(ValueError, match="unknown RoPE scaling 'ntk'"):
         with rope_scaling(llama, "ntk", 2.0):
             pass
+
+
+def test_the_training_context_of_a_rope_scaled_source_is_its_original_length():
+    """A source whose RoPE is already scaled (Llama 3's: 8192 tokens trained, 131072 positions) is rescaled from
+    its training context, `original_max_position_embeddings`, as `source_context` reads it; a plain one from
+    `max_position_embeddings`."""
+    from transformers import LlamaConfig
+
+    from path_hf.configuration_path_llama import source_context
+
+    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0}
+    llama3 |= {"high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    scaled = LlamaConfig(max_position_embeddings=131072, rope_parameters=llama3)
+    plain = LlamaConfig(max_position_embeddings=4096)
+    assert source_context(scaled) == 8192 and source_context(plain) == 4096
+    assert rope_parameters_for(scaled, "yarn", 2.0)["original_max_position_embeddings"] == 8192
+    assert rope_parameters_for(plain, "yarn", 2.0)["original_max_position_embeddings"] == 4096
+    assert rope_parameters_for(scaled, "yarn", 2.0, original_length=1000)["original_max_position_embeddings"] == 1000
 
 
 @pytest.mark.parametrize("kind", ["llama", "path"])
