@@ -41,7 +41,7 @@ from transformers.models.llama.modeling_llama import (
     rotate_half,
 )
 from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs
+from transformers.utils import TransformersKwargs, is_torchdynamo_compiling
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
@@ -902,6 +902,11 @@ class PaTHLlamaModel(PaTHLlamaPreTrainedModel, LlamaModel):
         # The length is tested first: a static cache's length is a tensor, which a compiled decode step must not branch
         # on.
         if PATH_LAYER_TYPE not in layer_kwargs or inputs_embeds.shape[1] <= 1 or past_seen_tokens != 0:
+            # An eager step whose mask pads nothing (generate's, without padding) gives the PaTH layers none: they then
+            # skip a dozen small ops each on every decoded token.
+            padding_free = attention_mask is not None and attention_mask.ndim == 2 and not is_torchdynamo_compiling()
+            if padding_free and bool(attention_mask.all()):
+                return None, layer_kwargs
             return attention_mask, layer_kwargs
         if attention_mask is not None and attention_mask.ndim == 2:
             unpadded = unpadded_sequences(attention_mask.bool())
