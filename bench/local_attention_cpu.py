@@ -40,28 +40,22 @@ def case(length: int, window: int, backward: bool, heads: int, kv_heads: int, di
     inv_freq = 1.0 / (1e5 ** (torch.arange(0, dim, 2).float() / dim))
 
     def run():
-        within, fused = local._within_window, local._FUSED
-        if method != "sdpa":
-            local._within_window = lambda *args: False
-        if method == "explicit":
-            local._FUSED = None
-        try:
-            with torch.set_grad_enabled(backward):
-                out = local.local_attention(
-                    query,
-                    key,
-                    value,
-                    positions,
-                    positions,
-                    window=length if method == "sdpa" else window,
-                    sinks=4,
-                    inv_freq=inv_freq,
-                    scaling=dim**-0.5,
-                )
-                if backward:
-                    out.sum().backward()
-        finally:
-            local._within_window, local._FUSED = within, fused
+        with torch.set_grad_enabled(backward):
+            out = local.local_attention(
+                query,
+                key,
+                value,
+                positions,
+                positions,
+                window=length if method == "sdpa" else window,
+                sinks=4,
+                inv_freq=inv_freq,
+                scaling=dim**-0.5,
+                fused=method != "explicit",  # the blocks' explicit products, or PyTorch's fused attention
+                causal_kernel=method == "sdpa",  # the blocks even where the window holds the whole prefill
+            )
+            if backward:
+                out.sum().backward()
 
     return run
 

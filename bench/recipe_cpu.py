@@ -102,7 +102,7 @@ def align_step(student, teacher, alignment, batch) -> dict[str, float]:
             forward, backward = 0.0, 0.0
             for idx, attention in sorted(alignment.layers.items()):
                 begin = time.perf_counter()
-                out = attention(**alignment._recorded_input(idx, torch.float32), position_ids=batch["position_ids"])
+                out = attention(**alignment.recorded_input(idx, torch.float32), position_ids=batch["position_ids"])
                 loss = torch.nn.functional.mse_loss(out[0], alignment.targets[idx]) / len(alignment.layers)
                 middle = time.perf_counter()
                 loss.backward()
@@ -111,7 +111,7 @@ def align_step(student, teacher, alignment, batch) -> dict[str, float]:
         else:
             student(**inputs, logits_to_keep=1)
             times["student forward"] = time.perf_counter() - started
-            loss = torch.stack([alignment._layer_loss(i) for i in sorted(alignment.outputs)]).mean()
+            loss = torch.stack([alignment.layer_loss(i) for i in sorted(alignment.outputs)]).mean()
             started = time.perf_counter()
             loss.backward()
             times["backward"] = time.perf_counter() - started

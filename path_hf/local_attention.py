@@ -22,10 +22,11 @@ BLOCK = 1024
 # PyTorch's fused CPU attention with an additive mask, which also returns each query's log-sum-exp, so that the
 # renumbered sinks' scores join the window's softmax without forming the window's logits: about 3x faster than the
 # explicit products on one core (BENCHMARKS.md). Private to PyTorch, so `local_attention` falls back to the explicit
-# products where it is missing, or for a dtype it does not take.
-_FUSED = FUSED_CPU_ATTENTION
-if _FUSED is not None and "attn_mask" not in str(_FUSED.default._schema):  # older PyTorch: no mask, so no window
-    _FUSED = None
+# products where it is missing (None), or for a dtype it does not take. A public setting: None takes the explicit
+# products everywhere.
+FUSED_ATTENTION = FUSED_CPU_ATTENTION
+if FUSED_ATTENTION is not None and "attn_mask" not in str(FUSED_ATTENTION.default._schema):  # older PyTorch: no mask
+    FUSED_ATTENTION = None
 _FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 
@@ -44,6 +45,8 @@ def local_attention(
     key_sequences: torch.Tensor | None = None,
     block: int | None = None,
     return_weights: bool = False,
+    fused: bool = True,
+    causal_kernel: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sliding-window attention with renumbered sinks.
 
@@ -64,6 +67,10 @@ def local_attention(
         block: queries at a time (default `BLOCK`).
         return_weights: also return the attention probabilities over the S keys, `[B, HQ, T, S]` (a sink seen both
             in the window and as a sink cannot be: the two are exclusive), for a decode step's few queries.
+        fused: each block in PyTorch's fused attention (`FUSED_ATTENTION`) where it exists and takes the dtype;
+            False: the explicit products. Either computes the same attention.
+        causal_kernel: a prefill within the window (`within_window`) takes SDPA's causal kernel; False: the blocks
+            (the same attention).
 
     Returns:
         `[B, T, HQ, D]`, and the probabilities if asked. A query that sees no key (padding) gets the mean of the
@@ -73,7 +80,11 @@ def local_attention(
     batch_size, num_heads, length, _ = query.shape
     groups = num_heads // key.shape[1]
     offset = key.shape[2] - length
-    if not return_weights and _within_window(query_positions, key_positions, query_sequences, offset, window):
+    if (
+        causal_kernel
+        and not return_weights
+        and within_window(query_positions, key_positions, query_sequences, offset, window)
+    ):
         # Every query sees every earlier key of its row, and no sink is renumbered: causal attention, SDPA's kernel
         # (which shares the key-value heads itself).
         output = torch.nn.functional.scaled_dot_product_attention(
@@ -93,7 +104,13 @@ def local_attention(
         sink_positions = key_positions[:, None, :num_sinks]
     output = query.new_empty(batch_size, num_heads, length, value.shape[-1])
     weights = query.new_zeros(batch_size, num_heads, length, key.shape[2]) if return_weights else None
-    fused = _FUSED is not None and not return_weights and query.device.type == "cpu" and query.dtype in _FUSED_DTYPES
+    fused = (
+        fused
+        and FUSED_ATTENTION is not None
+        and not return_weights
+        and query.device.type == "cpu"
+        and query.dtype in _FUSED_DTYPES
+    )
     # The fused op passes no gradient through its log-sum-exp: under autograd, blocks whose queries see a renumbered
     # sink take the explicit products.
     differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (query, key, value))
@@ -185,7 +202,7 @@ def _fused_block(
     (padding) gets the mean of the values: finite, and masked later."""
     bias = torch.zeros(near.shape, dtype=query.dtype, device=query.device)
     bias = bias.masked_fill(~near & near.any(-1, keepdim=True), float("-inf"))[:, None]
-    output, lse = _FUSED(query, key, value, 0.0, False, attn_mask=bias, scale=scaling)
+    output, lse = FUSED_ATTENTION(query, key, value, 0.0, False, attn_mask=bias, scale=scaling)
     if sinks is None:
         return output
     sink_logits, sink_values = sinks
@@ -195,7 +212,7 @@ def _fused_block(
     return (merged / (window_weight + sink_weights.sum(-1))[..., None]).to(value.dtype)
 
 
-def _within_window(
+def within_window(
     query_positions: torch.Tensor,
     key_positions: torch.Tensor,
     query_sequences: torch.Tensor | None,

@@ -53,8 +53,8 @@ from .plan import ConversionPlan
 TEXT_FILE = Path(__file__).with_name("verify_text.txt")
 MAX_TOKENS = 256
 DTYPE = torch.float64
-# The rows of the head multiplied at once: 64 MiB of them.
-_HEAD_BLOCK_BYTES = 2**26
+# The rows of the head multiplied at once: 64 MiB of them (`streamed_logits`' default).
+HEAD_BLOCK_BYTES = 2**26
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 # The RMSNorms of the architectures the converter reads (PaTHLlama's is Llama's). They normalise in float32 whatever
 # the input's dtype: a rounding to 6e-8 that the layers amplify (1e-12 noise on SmolLM2's embeddings then moves its
@@ -122,12 +122,14 @@ def streamed_logits(
     observe: Observer | None = None,
     dtype: torch.dtype = DTYPE,
     prepare_model: Callable[[nn.Module], None] | None = None,
+    *,
+    head_block_bytes: int = HEAD_BLOCK_BYTES,
 ) -> torch.Tensor:
     """`dtype` logits `[1, T, vocab]` of the causal LM `config` describes, with weights from `load`, holding one
-    decoder layer at a time, the embedding rows of `input_ids` and a block of the head, and running the RMSNorms in
-    `dtype` too; `prepare_model` edits the model once built (its parameters still on the meta device, its RoPE
-    buffers computed), `prepare_layer` each layer once its weights are loaded, `observe` sees the hidden states
-    between the stages."""
+    decoder layer at a time, the embedding rows of `input_ids` and a block of the head (`head_block_bytes` of its
+    rows at once), and running the RMSNorms in `dtype` too (`rms_norm_in_dtype`); `prepare_model` edits the model
+    once built (its parameters still on the meta device, its RoPE buffers computed), `prepare_layer` each layer once
+    its weights are loaded, `observe` sees the hidden states between the stages."""
     with init_empty_weights(include_buffers=False):  # parameters on the meta device, RoPE buffers computed
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.eval()
@@ -135,7 +137,7 @@ def streamed_logits(
         prepare_model(model)
     for module in model.modules():
         if isinstance(module, _RMS_NORMS):
-            module.forward = partial(_rms_norm, module)
+            module.forward = partial(rms_norm_in_dtype, module)
     embeddings_name = _parameter_name(model, model.get_input_embeddings())
     output_name = _parameter_name(model, model.get_output_embeddings())
     head_name = embeddings_name if config.tie_word_embeddings else output_name
@@ -167,14 +169,14 @@ def streamed_logits(
         hidden_states = model.model(inputs_embeds=inputs_embeds, use_cache=False).last_hidden_state
         if observe is not None:
             observe("the final norm's output", hidden_states)
-        block = max(1, _HEAD_BLOCK_BYTES // (config.hidden_size * dtype.itemsize))
+        block = max(1, head_block_bytes // (config.hidden_size * dtype.itemsize))
         logits = hidden_states.new_empty(*hidden_states.shape[:2], config.vocab_size)
         for start in range(0, config.vocab_size, block):
             logits[..., start : start + block] = hidden_states @ load(head_name, slice(start, start + block)).T
         return logits
 
 
-def _rms_norm(norm: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+def rms_norm_in_dtype(norm: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
     """transformers' RMSNorm, computed in the input's dtype."""
     variance = hidden_states.pow(2).mean(-1, keepdim=True)
     return norm.weight * (hidden_states * torch.rsqrt(variance + norm.variance_epsilon))

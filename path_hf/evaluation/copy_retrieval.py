@@ -4,7 +4,7 @@ and the span again at the end; the model is scored on the repeat, every token of
 (was the span copied from `length - span` tokens back?) and negative log-likelihood.
 
 Denser than passkey retrieval: a window scores `span - 1` tokens instead of a key's few, for the same forward pass.
-Only the positions that predict a scored token go through the output layer, `_LOGITS_CHUNK` at a time: the memory of
+Only the positions that predict a scored token go through the output layer, `LOGITS_CHUNK` at a time: the memory of
 a forward pass, not of `[batch, length, vocab]` logits.
 """
 
@@ -20,13 +20,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .scoring import (
-    _LOGITS_CHUNK,
     IGNORE_INDEX,
+    LOGITS_CHUNK,
     Window,
-    _decoder_states,
-    _output_head,
+    decoder_states,
     eval_mode,
     forward_logits,
+    output_head,
     progress_bar,
     window_batches,
 )
@@ -136,24 +136,25 @@ def _scored_predictions(
     positions: torch.Tensor,
     targets: torch.Tensor,
     device,
+    logits_chunk: int = LOGITS_CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Whether the most likely next token is the target, and the target's negative log-likelihood (float32 or
     wider), `[N]` each, at the `N` positions where `positions` `[B, T]` is true (row by row; `targets` `[N]`). The
-    output head is applied to those positions' hidden states only, `_LOGITS_CHUNK` at a time (`position_logits`
+    output head is applied to those positions' hidden states only, `logits_chunk` at a time (`position_logits`
     without its `[N, vocab]` at once); a model without a decoder and head is run whole (`forward_logits`)."""
-    head = _output_head(model)
+    head = output_head(model)
     targets = targets.to(device)
     if head is None:  # the whole logits, indexed: the head is then the identity
         states = forward_logits(model, input_ids, attention_mask, device)[positions.to(device)]
         head = nn.Identity()
     else:
         mask = None if bool(attention_mask.all()) else attention_mask.to(device)
-        states = _decoder_states(model, input_ids.to(device), mask)[positions.to(device)]
+        states = decoder_states(model, input_ids.to(device), mask)[positions.to(device)]
     hits, nlls = [], []
-    for start in range(0, len(targets), _LOGITS_CHUNK):
-        logits = head(states[start : start + _LOGITS_CHUNK])
+    for start in range(0, len(targets), logits_chunk):
+        logits = head(states[start : start + logits_chunk])
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        target = targets[start : start + _LOGITS_CHUNK]
+        target = targets[start : start + logits_chunk]
         hits.append(logits.argmax(-1) == target)
         nlls.append(F.cross_entropy(logits, target, reduction="none"))
     if not hits:
@@ -163,11 +164,18 @@ def _scored_predictions(
 
 @torch.no_grad()
 def label_scores(
-    model: nn.Module, windows: Sequence[Window], batch_size: int = 8, progress: bool = False, desc: str = "scoring"
+    model: nn.Module,
+    windows: Sequence[Window],
+    batch_size: int = 8,
+    progress: bool = False,
+    desc: str = "scoring",
+    *,
+    logits_chunk: int = LOGITS_CHUNK,
 ) -> CopyResult:
     """Top-1 hits and negative log-likelihood of `model` at the labelled tokens of `windows` (those of `copy_windows`
     or of `passkey_windows`), per window, in batches of `batch_size` right-padded windows; each labelled token is
-    predicted from the tokens before it in its window, in one forward pass per batch. `desc`: the progress bar's."""
+    predicted from the tokens before it in its window, in one forward pass per batch. `desc`: the progress bar's;
+    `logits_chunk`: the labelled positions whose logits are formed at once."""
     correct: list[int] = []
     nll_sum: list[float] = []
     tokens: list[int] = []
@@ -177,7 +185,9 @@ def label_scores(
             scored = labels[:, 1:] != IGNORE_INDEX  # [B, T-1]: position t predicts the label at t + 1
             positions = torch.zeros_like(labels, dtype=torch.bool)
             positions[:, :-1] = scored
-            hit, nll = _scored_predictions(model, input_ids, attention_mask, positions, labels[:, 1:][scored], device)
+            hit, nll = _scored_predictions(
+                model, input_ids, attention_mask, positions, labels[:, 1:][scored], device, logits_chunk
+            )
             rows = positions.nonzero()[:, 0]
             count = len(labels)
             correct += torch.zeros(count, dtype=torch.long).index_add_(0, rows, hit.long()).tolist()
@@ -186,10 +196,17 @@ def label_scores(
     return CopyResult(tuple(correct), tuple(nll_sum), tuple(tokens))
 
 
-def copy_scores(model: nn.Module, windows: Sequence[Window], batch_size: int = 8, progress: bool = False) -> CopyResult:
+def copy_scores(
+    model: nn.Module,
+    windows: Sequence[Window],
+    batch_size: int = 8,
+    progress: bool = False,
+    *,
+    logits_chunk: int = LOGITS_CHUNK,
+) -> CopyResult:
     """Top-1 hits and negative log-likelihood of `model` at the repeats of `windows` (`copy_windows`), per window
-    (`label_scores`)."""
-    return label_scores(model, windows, batch_size, progress, "copy")
+    (`label_scores`, `logits_chunk` positions' logits at a time)."""
+    return label_scores(model, windows, batch_size, progress, "copy", logits_chunk=logits_chunk)
 
 
 def copy_accuracy(

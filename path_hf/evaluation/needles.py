@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .scoring import _output_head, eval_mode, progress_bar
+from .scoring import eval_mode, output_head, progress_bar
 
 # The depths of the passkey (the share of the haystack before the needle): five, from near the start to near the end.
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -62,7 +62,7 @@ _SENTENCE_ENDS = (".", "!", "?", "\n", '."', '?"', '!"')
 @dataclass(frozen=True)
 class NeedleTemplate:
     """A needle sentence and its question: `needle` holds `{key}` (and `{name}` for multi-key), `question` (with
-    `{name}` for multi-key) is followed by a space and the key, the answer (`_question_and_answer`)."""
+    `{name}` for multi-key) is followed by a space and the key, the answer (`question_and_answer`)."""
 
     needle: str
     question: str
@@ -180,7 +180,7 @@ def _token_ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _question_and_answer(tokenizer, question: str, key: str) -> tuple[list[int], list[int]]:
+def question_and_answer(tokenizer, question: str, key: str) -> tuple[list[int], list[int]]:
     """The token ids of `question + " " + key` tokenised as one text, cut where the key starts: the answer is the
     tokens that hold a character of the key. With a tokenizer that writes the space as a token of its own before
     digits (SmolLM2's), the question ends with it and the answer is the digits, as greedy decoding would meet them;
@@ -199,7 +199,7 @@ def _sentence_ends(tokenizer, haystack: Sequence[int]) -> list[int]:
     return sorted({0, len(haystack)} | {index + 1 for index, token in enumerate(haystack[:-1]) if token in ending})
 
 
-def _place(ends: list[int], target: float) -> int:
+def nearest_place(ends: list[int], target: float) -> int:
     """The allowed insertion index nearest to `target`."""
     at = bisect.bisect_left(ends, target)
     candidates = [ends[i] for i in (at - 1, at) if 0 <= i < len(ends)]
@@ -258,7 +258,7 @@ def passkey_trials(
     for index, key in enumerate(keys):
         template = templates.passkey[index % len(templates.passkey)]
         needle = _token_ids(tokenizer, " " + template.needle.format(key=key))
-        question, answer = _question_and_answer(tokenizer, template.question, key)
+        question, answer = question_and_answer(tokenizer, template.question, key)
         room = length - len(prefix) - len(needle) - len(question) - len(answer)
         if room < 1:
             raise ValueError(f"context length {length} is too short for a passkey prompt: it needs more than "
@@ -269,7 +269,7 @@ def passkey_trials(
     widest = "9" * (digits + 1)
     rooms = [
         length - len(prefix) - len(_token_ids(tokenizer, " " + template.needle.format(key=widest)))
-        - sum(map(len, _question_and_answer(tokenizer, template.question, widest)))
+        - sum(map(len, question_and_answer(tokenizer, template.question, widest)))
         for template in templates.passkey
     ]  # fmt: skip
     shortest, largest = min(rooms), max(room for *_, room in pieces)
@@ -284,7 +284,7 @@ def passkey_trials(
         haystack = list(stream[start : start + largest])
         if haystack_index not in ends_of:
             ends_of[haystack_index] = _sentence_ends(tokenizer, haystack)
-        at = _place([end for end in ends_of[haystack_index] if end <= shortest], depths[depth_index] * shortest)
+        at = nearest_place([end for end in ends_of[haystack_index] if end <= shortest], depths[depth_index] * shortest)
         context = prefix + haystack[:at] + needle + haystack[at:room] + question
         result.append(
             NeedleTrial(
@@ -344,9 +344,7 @@ def multikey_trials(
             for name, value in zip(names, values, strict=True)
         ]
         asked = rng.sample(range(keys), questions)
-        asks = [
-            (k, *_question_and_answer(tokenizer, template.question.format(name=names[k]), values[k])) for k in asked
-        ]
+        asks = [(k, *question_and_answer(tokenizer, template.question.format(name=names[k]), values[k])) for k in asked]
         longest_ask = max(len(question) + len(answer) for _, question, answer in asks)
         room = length - len(prefix) - sum(map(len, needles)) - longest_ask
         if room < keys:
@@ -362,7 +360,7 @@ def multikey_trials(
         ends = [end for end in _sentence_ends(tokenizer, haystack) if end <= room]
         places = []
         for spot in spots:  # in order, each after the previous one
-            place = _place([end for end in ends if not places or end >= places[-1]], spot * room)
+            place = nearest_place([end for end in ends if not places or end >= places[-1]], spot * room)
             places.append(place)
         body, needle_at, cursor = list(prefix), [], 0
         for place, needle in zip(places, needles, strict=True):
@@ -429,7 +427,7 @@ def score_trials(
     cache copied for each trial), then one cached step per answer token; the output head only at the positions that
     predict an answer token. The first `greedy_check` trials are also decoded greedily with `generate` from scratch
     (no shared cache), which must write the answer exactly when the teacher-forced verdict is found."""
-    head = _output_head(model)
+    head = output_head(model)
     if head is None:
         raise ValueError(f"{type(model).__name__} exposes no decoder and linear output head to score needles with")
     by_group: dict[int, list[int]] = {}

@@ -154,12 +154,12 @@ def eval_mode(model: nn.Module) -> Iterator[torch.device]:
         model.train(was_training)
 
 
-# Positions whose logits are formed at once when scoring: a 32k-token window of a 128k vocabulary would otherwise hold
-# 16 GB of float32 logits.
-_LOGITS_CHUNK = 2048
+# Positions whose logits are formed at once when scoring (the default of `logits_chunk`): a 32k-token window of a 128k
+# vocabulary would otherwise hold 16 GB of float32 logits.
+LOGITS_CHUNK = 2048
 
 
-def _output_head(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+def output_head(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """The map from the last hidden states of `model`'s decoder to its logits, as its forward computes them: the
     output embedding (`get_output_embeddings()`, an `nn.Linear`), then the final scaling or soft-capping its config
     states (Cohere's `logit_scale`, Granite's `logits_scaling`, Falcon-H1's `lm_head_multiplier`, Gemma 2's
@@ -194,8 +194,8 @@ def _output_head(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | N
     return logits
 
 
-def _decoder_states(model: nn.Module, input_ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Last hidden states `[B, T, hidden]` of `model`'s decoder (see `_output_head`)."""
+def decoder_states(model: nn.Module, input_ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Last hidden states `[B, T, hidden]` of `model`'s decoder (see `output_head`)."""
     return model.get_decoder()(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
 
 
@@ -210,13 +210,13 @@ def position_logits(
 ) -> torch.Tensor:
     """Logits `[N, vocab]` at the `N` positions where the boolean `positions` `[B, T]` is true (row by row), of a
     right-padded batch, for the cost of a forward pass: the output head is applied to those positions' hidden states
-    only (`_output_head`), never to the whole `[B, T, hidden]`. A model that does not expose its decoder and head is
+    only (`output_head`), never to the whole `[B, T, hidden]`. A model that does not expose its decoder and head is
     run whole (`forward_logits`) and its logits indexed."""
-    head = _output_head(model)
+    head = output_head(model)
     if head is None:
         return forward_logits(model, input_ids, attention_mask, device)[positions.to(device)]
     mask = None if bool(attention_mask.all()) else attention_mask.to(device)
-    hidden = _decoder_states(model, input_ids.to(device), mask)
+    hidden = decoder_states(model, input_ids.to(device), mask)
     return head(hidden[positions.to(device)])
 
 
@@ -227,23 +227,30 @@ def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none")
 
 
-def _token_nll(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, targets: torch.Tensor, device
+def model_token_nll(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    targets: torch.Tensor,
+    device,
+    *,
+    logits_chunk: int = LOGITS_CHUNK,
 ) -> torch.Tensor:
     """Negative log-likelihood `[B, T - 1]` of `targets` (the next token at each position, `IGNORE_INDEX` where not
-    scored) for a right-padded batch; full batches of equal length get no mask. Where the head allows it, the logits
-    are formed `_LOGITS_CHUNK` positions at a time (memory O(chunk x vocab), not O(T x vocab))."""
+    scored) under `model` for a right-padded batch; full batches of equal length get no mask. Where the head allows it
+    (`output_head`), the logits are formed `logits_chunk` positions at a time (memory O(chunk x vocab), not
+    O(T x vocab))."""
     mask = None if bool(attention_mask.all()) else attention_mask.to(device)
     input_ids, targets = input_ids.to(device), targets.to(device)
     nll = token_nll
-    head = _output_head(model)
+    head = output_head(model)
     if head is None:
         return nll(model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits[:, :-1], targets)
-    hidden = _decoder_states(model, input_ids, mask)[:, :-1]
+    hidden = decoder_states(model, input_ids, mask)[:, :-1]
     return torch.cat(
         [
-            nll(head(hidden[:, start : start + _LOGITS_CHUNK]), targets[:, start : start + _LOGITS_CHUNK])
-            for start in range(0, hidden.shape[1], _LOGITS_CHUNK)
+            nll(head(hidden[:, start : start + logits_chunk]), targets[:, start : start + logits_chunk])
+            for start in range(0, hidden.shape[1], logits_chunk)
         ],
         dim=1,
     )
@@ -269,7 +276,7 @@ def score_windows(
     with eval_mode(model) as device:
         for input_ids, attention_mask, labels in batches:
             targets = labels[:, 1:]
-            nll = _token_nll(model, input_ids, attention_mask, targets, device)  # [B, T-1]: position t+1's token
+            nll = model_token_nll(model, input_ids, attention_mask, targets, device)  # [B, T-1]: position t+1's token
             width = nll.shape[1]
             position_nll[1 : width + 1] += nll.sum(0).double().cpu()
             position_tokens[1 : width + 1] += (targets != IGNORE_INDEX).sum(0).cpu()

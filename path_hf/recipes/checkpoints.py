@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from fnmatch import fnmatchcase
@@ -534,7 +534,7 @@ class Interrupted(Exception):
 LAUNCHER_VARIABLES = ("ACCELERATE_MIXED_PRECISION", "TORCHELASTIC_RUN_ID")  # set by accelerate launch, by torchrun
 
 
-def follow_launcher(poll_seconds: float = 1.0) -> None:
+def follow_launcher(poll_seconds: float = 1.0, parent_death_signal: Callable[[int], bool] | None = None) -> None:
     """Under `accelerate launch` or torchrun, have this process sent SIGTERM when its launcher dies, so that it
     checkpoints and exits (`StopRequest`). accelerate's one-process launcher dies of a SIGTERM (from `kill`, `timeout`,
     a scheduler) without passing it on, and the training process would otherwise train on, re-parented; this also
@@ -543,11 +543,12 @@ def follow_launcher(poll_seconds: float = 1.0) -> None:
     On Linux the kernel sends the signal (`prctl(PR_SET_PDEATHSIG)`) when the thread that started this process exits:
     these launchers start their workers from their main thread, so when the launcher exits. A launcher gone before
     that was set is seen by the parent having changed since. Where there is no `prctl`, a daemon thread looks for a new
-    parent every `poll_seconds`."""
+    parent every `poll_seconds`. `parent_death_signal`: what asks for the signal, `signal_on_parent_death` unless
+    given (a test's stand-in: no `prctl`, or the launcher killed first)."""
     if not any(name in os.environ for name in LAUNCHER_VARIABLES):
         return
     launcher = os.getppid()
-    if _signal_on_parent_death(signal.SIGTERM):
+    if (parent_death_signal or signal_on_parent_death)(signal.SIGTERM):
         if os.getppid() != launcher:  # the launcher died before the kernel was told to signal its death
             os.kill(os.getpid(), signal.SIGTERM)
         return
@@ -563,7 +564,7 @@ def follow_launcher(poll_seconds: float = 1.0) -> None:
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def _signal_on_parent_death(signum: int) -> bool:
+def signal_on_parent_death(signum: int) -> bool:
     """Have Linux send this process `signum` when the thread of its parent that started it exits
     (`prctl(PR_SET_PDEATHSIG)`; the processes it forks do not inherit it). False where there is no `prctl`."""
     if sys.platform != "linux":

@@ -70,12 +70,15 @@ class AttentionAlignment:
     def _substitute_input(self, idx: int):
         def hook(module, args, kwargs):
             if self.active:
-                return args, {**kwargs, **self._recorded_input(idx, kwargs["hidden_states"].dtype)}
+                return args, {**kwargs, **self.recorded_input(idx, kwargs["hidden_states"].dtype)}
             return None
 
         return hook
 
-    def _recorded_input(self, idx: int, dtype: torch.dtype) -> dict:
+    def recorded_input(self, idx: int, dtype: torch.dtype) -> dict:
+        """The keyword arguments of PaTH layer `idx`'s attention in `dtype`: the input the teacher's attention of that
+        layer received (recorded in this step's teacher forward), its RoPE tables the student's own where the teacher's
+        are less precise."""
         recorded = self.inputs[idx]
         kwargs = {"hidden_states": recorded["hidden_states"].to(dtype)}
         if "position_embeddings" in recorded:
@@ -108,7 +111,8 @@ class AttentionAlignment:
             self.outputs.clear()
             self.tables.clear()
 
-    def _layer_loss(self, idx: int) -> torch.Tensor:
+    def layer_loss(self, idx: int) -> torch.Tensor:
+        """The MSE of PaTH layer `idx`'s attention output against the teacher's, both recorded this step."""
         return F.mse_loss(self.outputs[idx].float(), self.targets[idx].float())
 
     def loss(
@@ -125,7 +129,7 @@ class AttentionAlignment:
             teacher(**inputs, logits_to_keep=1)
         if not self.isolated:
             logits = model(**inputs, logits_to_keep=1).logits
-            loss = torch.stack([self._layer_loss(i) for i in sorted(self.outputs)]).mean()
+            loss = torch.stack([self.layer_loss(i) for i in sorted(self.outputs)]).mean()
             # FSDP2 gathers a layer's weights for backward when the gradient of the layer's output arrives, and the
             # MSE reaches only attention outputs: a zero term through the logits brings a gradient to every layer.
             return loss + 0.0 * logits.sum()
@@ -137,9 +141,9 @@ class AttentionAlignment:
             dtype = attention.q_proj.weight.dtype
             # The wrapped model's forward runs under the mixed-precision autocast; this call bypasses it: enter it.
             with accelerator.autocast() if accelerator is not None else nullcontext():
-                output = attention(**self._recorded_input(idx, dtype), cu_seq_lens_q=cu_seqlens)[0]
+                output = attention(**self.recorded_input(idx, dtype), cu_seq_lens_q=cu_seqlens)[0]
             self.outputs[idx] = output
-            loss = self._layer_loss(idx) / len(self.layers)
+            loss = self.layer_loss(idx) / len(self.layers)
             if accelerator is not None:
                 accelerator.backward(loss)
             else:

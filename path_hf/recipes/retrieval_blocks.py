@@ -22,7 +22,7 @@ from importlib import resources
 import torch
 
 from ..evaluation import IGNORE_INDEX, NeedleTemplates
-from ..evaluation.needles import _place, _question_and_answer
+from ..evaluation.needles import nearest_place, question_and_answer
 
 # Key lengths drawn for each needle (digits), so that no one length is learnt as the answer's.
 KEY_DIGITS = (4, 5, 6, 7)
@@ -119,14 +119,14 @@ class RetrievalBlocks:
         asks = []
         for k in asked:
             question = template.question.format(name=names[k] or "")
-            asks.append(_question_and_answer(self.tokenizer, question, values[k]))
+            asks.append(question_and_answer(self.tokenizer, question, values[k]))
         room = length - sum(map(len, needles)) - sum(len(q) + len(a) for q, a in asks)
         gap = min(MIN_GAP, length // 8)
         if room < gap + keys:
             return None
         body = text[:room]
         ends = [end for end in self._sentence_ends(body) if end <= room - gap]
-        places = sorted(_place(ends, rng.uniform(0, room - gap)) for _ in range(keys))
+        places = sorted(nearest_place(ends, rng.uniform(0, room - gap)) for _ in range(keys))
         ids, cursor = [], 0
         for place, needle in zip(places, needles, strict=True):
             ids += body[cursor:place] + needle

@@ -8,9 +8,14 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
 import path_hf.conversion.convert
-import path_hf.conversion.verify
 from path_hf.conversion.options import VERIFY_TOLERANCE
-from path_hf.conversion.verify import VerificationFailed, VerifyResult, relative_difference, streamed_logits
+from path_hf.conversion.verify import (
+    VerificationFailed,
+    VerifyResult,
+    relative_difference,
+    rms_norm_in_dtype,
+    streamed_logits,
+)
 from tests.conversion.checkpoints import convert_in_process, make_source
 
 
@@ -69,13 +74,10 @@ def test_streamed_logits_hold_one_layer_at_a_time(tmp_path, monkeypatch):
     """Equal to the whole model's float64 forward (RMSNorms included), with earlier layers dropped, the embeddings
     read only at the rows of the input, and the head read in blocks of rows."""
     source = make_source(tmp_path / "source", "qwen3", tie_word_embeddings=True)
-    monkeypatch.setattr(
-        Qwen3RMSNorm, "forward", path_hf.conversion.verify._rms_norm
-    )  # transformers' computes in float32
+    monkeypatch.setattr(Qwen3RMSNorm, "forward", rms_norm_in_dtype)  # transformers' computes in float32
     model = AutoModelForCausalLM.from_pretrained(source).double()
     state_dict = model.state_dict()
     block = 100  # rows of the head at once: 256 = 100 + 100 + 56
-    monkeypatch.setattr(path_hf.conversion.verify, "_HEAD_BLOCK_BYTES", block * model.config.hidden_size * 8)
     loaded, rows_read = [], []
 
     def load(name, rows=None):
@@ -89,7 +91,11 @@ def test_streamed_logits_hold_one_layer_at_a_time(tmp_path, monkeypatch):
 
     input_ids = torch.randint(0, 256, (1, 30), generator=torch.Generator().manual_seed(0))
     logits = streamed_logits(
-        AutoConfig.from_pretrained(source), load, input_ids, prepare_layer=check_earlier_layers_dropped
+        AutoConfig.from_pretrained(source),
+        load,
+        input_ids,
+        prepare_layer=check_earlier_layers_dropped,
+        head_block_bytes=block * model.config.hidden_size * 8,
     )
     assert len(loaded) == 3
     embeddings = "model.embed_tokens.weight"

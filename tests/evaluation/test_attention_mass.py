@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM, StaticCache
 
-from path_hf import PaTHLlamaForCausalLM
+from path_hf import PaTHLlamaForCausalLM, modeling_path_llama
 from path_hf.evaluation import attention_mass, decode_attention_rows, read_texts, rope_scaling, tokenize_stream
 from path_hf.modeling_path_llama import PaTHLlamaAttention
 from tests.evaluation.eval_models import EVAL_DATA, ROOT
@@ -65,23 +65,25 @@ def tokens(batch: int = 1, seed: int = 0) -> torch.Tensor:
 
 def reference_probabilities(model, input_ids: torch.Tensor, monkeypatch) -> list[torch.Tensor]:
     """Every layer's full attention matrix `[B, heads, T, T]` over the whole sequence, from one forward without a
-    cache: PaTH layers from their q, k, w, beta, g through explicit Householder matrices (`path_scores_reference`),
-    RoPE layers from eager attention."""
-    inputs = {}
-    for index, layer in enumerate(model.model.layers):
-        attention = layer.self_attn
-        if isinstance(attention, PaTHLlamaAttention):
+    cache: PaTH layers from their q, k, w, beta, g (as the layers hand them to `path_attention`, one call a layer in
+    order) through explicit Householder matrices (`path_scores_reference`), RoPE layers from eager attention."""
+    captured = []
+    original = modeling_path_llama.path_attention
 
-            def capture(q, k, v, w, beta, g, *, _index=index, _original=attention._path_attention, **kwargs):
-                inputs[_index] = (q, k, w, beta, g)
-                return _original(q, k, v, w, beta, g, **kwargs)
+    def capture(q, k, v, w, beta, g=None, **kwargs):
+        captured.append((q, k, w, beta, g))
+        return original(q, k, v, w, beta, g, **kwargs)
 
-            monkeypatch.setattr(attention, "_path_attention", capture)
+    monkeypatch.setattr(modeling_path_llama, "path_attention", capture)
     model.set_attn_implementation("eager")
     with torch.no_grad():
         eager = list(model(input_ids, use_cache=False, output_attentions=True).attentions)
     model.set_attn_implementation("sdpa")
     monkeypatch.undo()
+    path_layers = [i for i, layer in enumerate(model.model.layers) if isinstance(layer.self_attn, PaTHLlamaAttention)]
+    assert len(captured) == len(path_layers)
+    assert all(q.shape[:2] == input_ids.shape for q, *_ in captured)  # the [B, T] rows, not flattened
+    inputs = dict(zip(path_layers, captured, strict=True))
     probabilities = []
     for index, layer in enumerate(model.model.layers):
         if index not in inputs:

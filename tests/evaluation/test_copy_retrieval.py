@@ -19,7 +19,6 @@ from path_hf.evaluation import (
     CopyResult,
     Window,
     copy_accuracy,
-    copy_retrieval,
     copy_scores,
     copy_windows,
     read_texts,
@@ -125,7 +124,7 @@ def mixed_windows(tokenizer) -> list[Window]:
 
 
 @pytest.mark.parametrize("kind", ["llama", "path"])
-def test_scores_equal_the_whole_logits(kind, tokenizer, monkeypatch):
+def test_scores_equal_the_whole_logits(kind, tokenizer):
     model = tiny_model(kind, tokenizer)
     windows = mixed_windows(tokenizer)
     reference = reference_scores(model, windows)
@@ -135,8 +134,7 @@ def test_scores_equal_the_whole_logits(kind, tokenizer, monkeypatch):
     result = copy_scores(model, windows)
     assert result.accuracy == sum(reference.correct) / 59
     assert result.nll == pytest.approx(sum(reference.nll_sum) / 59, rel=1e-5)
-    monkeypatch.setattr(copy_retrieval, "_LOGITS_CHUNK", 7)  # the head's rows in several chunks
-    assert_same_scores(copy_scores(model, windows, batch_size=2), reference)
+    assert_same_scores(copy_scores(model, windows, batch_size=2, logits_chunk=7), reference)  # the rows in chunks
 
 
 @pytest.mark.parametrize("kind", ["llama", "path"])

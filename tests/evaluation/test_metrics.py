@@ -122,7 +122,7 @@ def test_the_training_context_of_a_rope_scaled_source_is_its_original_length():
 
 
 @pytest.mark.parametrize("kind", ["llama", "path"])
-def test_logits_formed_a_chunk_at_a_time_score_what_the_whole_logits_score(checkpoints, kind, monkeypatch):
+def test_logits_formed_a_chunk_at_a_time_score_what_the_whole_logits_score(checkpoints, kind):
     """Long windows form their logits a few positions at a time; the per-token scores are those of one forward."""
     from path_hf.evaluation import scoring as evaluation
 
@@ -134,9 +134,8 @@ def test_logits_formed_a_chunk_at_a_time_score_what_the_whole_logits_score(check
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
     expected = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none")
-    assert evaluation._output_head(model) is not None
-    monkeypatch.setattr(evaluation, "_LOGITS_CHUNK", 5)
+    assert evaluation.output_head(model) is not None
     with torch.no_grad():
-        chunked = evaluation._token_nll(model, ids, mask, targets, "cpu")
+        chunked = evaluation.model_token_nll(model, ids, mask, targets, "cpu", logits_chunk=5)
     torch.testing.assert_close(chunked, expected, rtol=1e-5, atol=1e-5)
     assert (chunked[1, 16:] == 0).all() and (chunked[0] > 0).all()

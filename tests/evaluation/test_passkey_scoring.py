@@ -170,10 +170,10 @@ def test_a_model_without_decoder_and_head_is_scored_whole(tokenizer):
 
     model = tiny_model("llama", tokenizer)
     windows = mixed_windows(model, tokenizer)
-    assert scoring._output_head(Wrapped(model)) is None
+    assert scoring.output_head(Wrapped(model)) is None
     assert answer_accuracy(Wrapped(model), windows, batch_size=5) == whole_logits_verdicts(model, windows, 5)
     model.get_decoder = lambda: None  # a model that says it has none
-    assert scoring._output_head(model) is None
+    assert scoring.output_head(model) is None
     assert answer_accuracy(model, windows, batch_size=5) == whole_logits_verdicts(model, windows, 5)
 
 
@@ -204,7 +204,7 @@ def test_the_head_applies_the_final_scaling(model_class, config_class, options, 
     with torch.no_grad():
         expected = model(input_ids=ids, attention_mask=mask).logits[positions]
         logits = position_logits(model, ids, mask, positions, "cpu")
-    assert scoring._output_head(model) is not None
+    assert scoring.output_head(model) is not None
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
     plain = model.get_output_embeddings()(model.get_decoder()(input_ids=ids).last_hidden_state)
     assert not torch.allclose(plain[0, 3], expected[0], atol=1e-3)  # the scaling matters here

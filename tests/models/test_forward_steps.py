@@ -32,12 +32,14 @@ def test_a_bare_cache_gets_each_layer_its_own_class():
 
     cache = DynamicCache()
     cache.layers = [StaticLayer(16), DynamicLayer()]
-    path_layer, local_layer = (layer.self_attn for layer in model.model.layers)
-    assert isinstance(path_layer._cache_layer(cache), PaTHStaticCacheLayer)
+    with torch.no_grad():
+        model(random_tokens(1, 6), cache=cache, use_cache=True)
+    assert [type(layer) for layer in cache.layers] == [PaTHStaticCacheLayer, LocalCacheLayer]
     assert cache.layers[0].max_cache_len == 16
-    assert local_layer._cache_layer(cache) is cache.layers[1]
-    assert isinstance(cache.layers[1], LocalCacheLayer)
-    assert path_layer._cache_layer(cache) is cache.layers[0]  # found, not replaced again
+    layers = list(cache.layers)
+    with torch.no_grad():
+        model(random_tokens(1, 1), cache=cache, use_cache=True)
+    assert all(found is layer for found, layer in zip(cache.layers, layers, strict=True))  # found, not replaced again
 
 
 @pytest.mark.parametrize(
@@ -55,11 +57,14 @@ def test_a_cache_layer_holding_keys_is_refused(layer_idx, message):
 
 
 def test_a_local_layer_refuses_a_static_layer():
-    local_layer = tiny_model(**HYBRID).model.layers[1].self_attn
+    model = tiny_model(**HYBRID)
     cache = DynamicCache()
     cache.layers = [DynamicLayer(), StaticLayer(16)]
-    with pytest.raises(ValueError, match=r"Layer 1 is a local layer \(local_window\) but its cache is a StaticLayer: "):
-        local_layer._cache_layer(cache)
+    with (
+        pytest.raises(ValueError, match=r"Layer 1 is a local layer \(local_window\) but its cache is a StaticLayer: "),
+        torch.no_grad(),
+    ):
+        model(random_tokens(1, 6), cache=cache, use_cache=True)
 
 
 def test_path_layers_take_a_2d_mask_and_position_ids_for_the_temperature():

@@ -25,9 +25,9 @@ LENGTH, WINDOW = 40, 8
 def products(request, monkeypatch) -> str:
     """Each block of the window in PyTorch's fused attention (where it exists), or in the explicit products."""
     if request.param == "explicit":
-        monkeypatch.setattr(local_attention, "_FUSED", None)
+        monkeypatch.setattr(local_attention, "FUSED_ATTENTION", None)
     else:
-        assert local_attention._FUSED is not None, "this PyTorch has no fused CPU attention with log-sum-exp"
+        assert local_attention.FUSED_ATTENTION is not None, "this PyTorch has no fused CPU attention with log-sum-exp"
     return request.param
 
 
@@ -63,8 +63,8 @@ def test_prefill_within_the_window_is_causal_attention(dtype, monkeypatch):
     """A prefill of unpadded rows no longer than the window takes SDPA's causal kernel: Llama's attention (the sinks
     then stand at their own positions), to rounding in float64; padded rows or a longer prefill take the blocks."""
     taken = []
-    within = local_attention._within_window
-    monkeypatch.setattr(local_attention, "_within_window", lambda *args: taken.append(within(*args)) or taken[-1])
+    within = local_attention.within_window
+    monkeypatch.setattr(local_attention, "within_window", lambda *args: taken.append(within(*args)) or taken[-1])
     model = local_model(path_layers=[], local_sinks=2).to(dtype)
     plain = twin(model, LlamaForCausalLM, LlamaConfig, "sdpa").to(dtype)
     input_ids = random_tokens(2, WINDOW, seed=11)
@@ -243,21 +243,23 @@ def test_fused_blocks_compute_the_explicit_products_values_and_gradients(monkeyp
     inv_freq = 1 / 1e4 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     weight = torch.randn(batch, length, heads, dim, dtype=torch.float64) * (positions >= 0)[..., None, None]
     calls = []
-    fused = local_attention._FUSED
-    monkeypatch.setattr(local_attention, "_FUSED", lambda *args, **kwargs: calls.append(1) or fused(*args, **kwargs))
+    op = local_attention.FUSED_ATTENTION
+    monkeypatch.setattr(
+        local_attention, "FUSED_ATTENTION", lambda *args, **kwargs: calls.append(1) or op(*args, **kwargs)
+    )
 
-    def run(grad: bool):
+    def run(grad: bool, fused: bool = True):
         with torch.set_grad_enabled(grad):
             out = local_attention.local_attention(
                 query, key, value, positions, positions, window=window, sinks=3, inv_freq=inv_freq, scaling=0.3,
-                block=10,
+                block=10, fused=fused,
             )  # fmt: skip
         return out, torch.autograd.grad((out * weight).sum(), (query, key, value)) if grad else ()
 
     (got, _), (got_grad, grads) = run(False), run(True)
     assert len(calls) == 9 + 1  # every block without autograd; with it, the first block only (no sink renumbered)
-    monkeypatch.setattr(local_attention, "_FUSED", None)
-    (expected, _), (_, expected_grads) = run(False), run(True)
+    (expected, _), (_, expected_grads) = run(False, fused=False), run(True, fused=False)
+    assert len(calls) == 9 + 1  # fused=False: no fused call
     valid = positions >= 0
     torch.testing.assert_close(got[valid], expected[valid], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(got_grad[valid], expected[valid], rtol=1e-12, atol=1e-12)

@@ -149,20 +149,20 @@ if sys.argv[2:] != ["worker"]:
 
 from path_hf.recipes import checkpoints
 
-signal_on_parent_death = checkpoints._signal_on_parent_death
+parent_death_signal = checkpoints.signal_on_parent_death
 if mode == "poll":
-    checkpoints._signal_on_parent_death = lambda signum: False
+    parent_death_signal = lambda signum: False
 elif mode == "gone":
     def launcher_gone_first(signum):
         launcher = os.getppid()
         os.kill(launcher, signal.SIGKILL)
         while os.getppid() == launcher:
             time.sleep(0.01)
-        return signal_on_parent_death(signum)
-    checkpoints._signal_on_parent_death = launcher_gone_first
+        return checkpoints.signal_on_parent_death(signum)
+    parent_death_signal = launcher_gone_first
 
 signal.signal(signal.SIGTERM, lambda signum, frame: (print("SIGTERM", flush=True), sys.exit(0)))
-checkpoints.follow_launcher(poll_seconds=0.05)
+checkpoints.follow_launcher(poll_seconds=0.05, parent_death_signal=parent_death_signal)
 print("following", flush=True)
 time.sleep(120)
 """

@@ -235,7 +235,7 @@ def test_a_bfloat16_teacher_leaves_the_student_its_own_rope_tables(tmp_path):
     with alignment.aligning():
         teacher(input_ids=input_ids, position_ids=position_ids, use_cache=False)
         recorded = alignment.inputs[0]["position_embeddings"]
-        tables = [alignment._recorded_input(idx, torch.float32)["position_embeddings"] for idx in (0, 1)]
+        tables = [alignment.recorded_input(idx, torch.float32)["position_embeddings"] for idx in (0, 1)]
     assert recorded[0].dtype == torch.bfloat16
     expected = student.model.rotary_emb(torch.zeros(1), position_ids)
     for cos_sin in tables:
