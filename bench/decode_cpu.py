@@ -5,6 +5,8 @@
         --vocab 49152 --forget-gate --prompt-lens 512,4096  # SmolLM2-135M's sizes, two contexts
     python bench/decode_cpu.py --checkpoints examples/default_model/checkpoint runs/bench/default-path \
         --prompt-lens 16                                # a source checkpoint against its conversion
+    python bench/decode_cpu.py --checkpoints runs/smollm2/download/SmolLM2-135M-Instruct.Q4_1.gguf \
+        runs/smollm2/train/final --prompt-lens 512,4096  # the SmolLM2 hybrid of `make smollm2` against its source
 
 Both models are randomly initialised from one LlamaConfig (PaTH adds its own fields on top), or, with
 --checkpoints SOURCE CONVERTED, loaded: a RoPE checkpoint and its `path-hf convert` output. They and run
@@ -26,10 +28,11 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, CompileConfig, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
 from path_hf.configuration_path_llama import ROPE_MODES
+from path_hf.loading import load_causal_lm
 
 # On a shared 2-core machine two OpenMP threads stall whenever another process holds a core: we saw 10x
 # slowdowns and fwd slower than fwd+bwd. One thread gives ratios that reproduce.
@@ -70,10 +73,10 @@ def cache_modes() -> dict[str, dict]:
 
 
 def load_models(source: Path, converted: Path) -> dict[str, PreTrainedModel]:
-    """A source checkpoint and its conversion, as `from_pretrained` loads them (float32)."""
+    """A source checkpoint (or GGUF) and its conversion, loaded as `path-hf eval` loads them (float32)."""
     models = {}
     for name, path in (("source", source), ("converted", converted)):
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = load_causal_lm(str(path), torch.float32)  # a checkpoint, or a GGUF (dequantised)
         model.generation_config.eos_token_id = None  # exactly N new tokens
         models[f"{name} ({path.name})"] = model.eval()
     return models
