@@ -47,6 +47,7 @@ def local_attention(
     return_weights: bool = False,
     fused: bool = True,
     causal_kernel: bool = True,
+    decode_kernel: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sliding-window attention with renumbered sinks.
 
@@ -71,6 +72,9 @@ def local_attention(
             False: the explicit products. Either computes the same attention.
         causal_kernel: a prefill within the window (`within_window`) takes SDPA's causal kernel; False: the blocks
             (the same attention).
+        decode_kernel: one query a row (a decode step), unpacked, takes `decode_attention`: its products with every
+            key of the cache at once, the key-value heads shared without copies; False: the blocks (the same
+            attention).
 
     Returns:
         `[B, T, HQ, D]`, and the probabilities if asked. A query that sees no key (padding) gets the mean of the
@@ -91,16 +95,17 @@ def local_attention(
             query, key, value, is_causal=True, scale=scaling, enable_gqa=groups > 1
         )
         return output.transpose(1, 2)
+    if decode_kernel and length == 1 and query_sequences is None and not return_weights:
+        return decode_attention(
+            query, key, value, query_positions, key_positions, window=window, sinks=sinks, inv_freq=inv_freq,
+            scaling=scaling,
+        )  # fmt: skip
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     dtype = torch.promote_types(query.dtype, torch.float32)  # the softmax in at least float32 (float64 stays)
     hidden = torch.finfo(dtype).min
-    # The sinks lie among the first `num_sinks` keys of every row (after any left padding).
-    is_sink = (key_positions >= 0) & (key_positions < sinks)
-    num_sinks = int(is_sink.any(0).nonzero().max()) + 1 if sinks and bool(is_sink.any()) else 0
+    num_sinks = count_sinks(key_positions, sinks)
     if num_sinks:
-        back = (query_positions - (window - 1 + sinks)).clamp(min=0).to(inv_freq.dtype)
-        angles = (back[..., None] * inv_freq).repeat(1, 1, 2)[:, None].to(query.dtype)  # [B, 1, T, D]
-        query_back = query * angles.cos() - rotate_half(query) * angles.sin()  # RoPE by -back
+        query_back = rotated_back(query, query_positions, window, sinks, inv_freq)
         sink_positions = key_positions[:, None, :num_sinks]
     output = query.new_empty(batch_size, num_heads, length, value.shape[-1])
     weights = query.new_zeros(batch_size, num_heads, length, key.shape[2]) if return_weights else None
@@ -153,6 +158,65 @@ def local_attention(
             weights[:, :, start:stop, first : stop + offset] = probs[..., :seen]
             weights[:, :, start:stop, :num_sinks] += probs[..., seen:]
     return (output.transpose(1, 2), weights) if return_weights else output.transpose(1, 2)
+
+
+def count_sinks(key_positions: torch.Tensor, sinks: int) -> int:
+    """How many keys at the start of the rows (after any left padding) may be sinks: the sinks lie among them."""
+    is_sink = (key_positions >= 0) & (key_positions < sinks)
+    return int(is_sink.any(0).nonzero().max()) + 1 if sinks and bool(is_sink.any()) else 0
+
+
+def rotated_back(
+    query: torch.Tensor, query_positions: torch.Tensor, window: int, sinks: int, inv_freq: torch.Tensor
+) -> torch.Tensor:
+    """The queries `[B, HQ, T, D]` as a renumbered sink sees them: rotated by RoPE back by
+    `max(0, i - (window - 1 + sinks))` positions."""
+    back = (query_positions - (window - 1 + sinks)).clamp(min=0).to(inv_freq.dtype)
+    angles = (back[..., None] * inv_freq).repeat(1, 1, 2)[:, None].to(query.dtype)  # [B, 1, T, D]
+    return query * angles.cos() - rotate_half(query) * angles.sin()  # RoPE by -back
+
+
+def decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    *,
+    window: int,
+    sinks: int,
+    inv_freq: torch.Tensor,
+    scaling: float,
+) -> torch.Tensor:
+    """`local_attention` of one query a row (`[B, HQ, 1, D]`, a decode step) over the keys of a cache: the products
+    with every key in one matmul per key-value head (its query heads side by side, no copies of the keys), the window
+    and the renumbered sinks as a mask, one softmax. The same attention as the blocks; `[B, 1, HQ, DV]`."""
+    batch_size, num_heads, _, head_dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    groups = num_heads // kv_heads
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    i = query_positions[:, -1:]  # [B, 1]
+    near = (key_positions >= 0) & (key_positions <= i) & (i - key_positions < window)  # [B, S]
+    logits = query.reshape(batch_size, kv_heads, groups, head_dim) @ key.transpose(-1, -2)  # [B, H, G, S]
+    logits = logits.to(dtype)
+    num_sinks = count_sinks(key_positions, sinks)
+    visible = near
+    if num_sinks:
+        sink_positions = key_positions[:, :num_sinks]
+        far = (sink_positions >= 0) & (sink_positions < sinks) & (i - sink_positions >= window)  # [B, n]
+        if bool(far.any()):
+            query_back = rotated_back(query, query_positions[:, -1:], window, sinks, inv_freq)
+            sink_logits = query_back.reshape(batch_size, kv_heads, groups, head_dim) @ key[:, :, :num_sinks].transpose(
+                -1, -2
+            )
+            far_keys = torch.nn.functional.pad(far, (0, length - num_sinks))[:, None, None]  # [B, 1, 1, S]
+            padded = torch.nn.functional.pad(sink_logits.to(dtype), (0, length - num_sinks))
+            logits = torch.where(far_keys, padded, logits)
+            visible = near | far_keys[:, 0, 0]
+    logits = logits.masked_fill(~visible[:, None, None], torch.finfo(dtype).min)
+    probs = torch.softmax(logits * scaling, dim=-1).to(value.dtype)
+    output = probs @ value  # [B, H, G, DV]
+    return output.reshape(batch_size, num_heads, 1, value.shape[-1]).transpose(1, 2)
 
 
 def full_attention(

@@ -349,3 +349,30 @@ def test_full_heads_take_the_global_rope():
 def test_bad_full_heads_are_refused(fields, message):
     with pytest.raises(StrictDataclassClassValidationError, match=message):
         tiny_model_config(**fields)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("position", [5, 9, 30])  # inside the window; sinks inside it; sinks renumbered
+def test_decode_kernel_computes_the_blocks_attention(dtype, position):
+    """One query a row over a cache of sinks and window keys (`LocalCacheLayer`'s layout, left-padded rows, 9 query
+    heads on 3 key-value heads): `decode_attention` gives what the blocks give, without copying the
+    keys per query head."""
+    window, sinks, heads, kv_heads, dim = 8, 2, 9, 3, 16
+    generator = torch.Generator().manual_seed(position)
+    # the sinks, then the window's keys up to the query's own token, after two padding slots
+    cached = list(range(min(position, sinks))) + list(range(max(sinks, position - window + 1), position + 1))
+    key_positions = torch.tensor([[-1, -1] + cached, [-1, -1] + cached])
+    length = key_positions.shape[1]
+    query = torch.randn(2, heads, 1, dim, generator=generator, dtype=dtype)
+    key = torch.randn(2, kv_heads, length, dim, generator=generator, dtype=dtype)
+    value = torch.randn(2, kv_heads, length, dim, generator=generator, dtype=dtype)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    arguments = dict(window=window, sinks=sinks, inv_freq=inv_freq, scaling=dim**-0.5)
+    query_positions = torch.full((2, 1), position)
+    kernel = local_attention.local_attention(query, key, value, query_positions, key_positions, **arguments)
+    blocks = local_attention.local_attention(
+        query, key, value, query_positions, key_positions, **arguments, decode_kernel=False, fused=False
+    )
+    assert kernel.shape == blocks.shape == (2, 1, heads, dim)
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(kernel, blocks, rtol=tolerance, atol=tolerance)
