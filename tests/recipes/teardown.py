@@ -6,7 +6,7 @@ teardown.
 The process group must outlive every distributed wrapper of the model. A DDP model freed after the group was destroyed
 drops, in its reducer's destructor, the last reference to the gloo group while holding the GIL; the group's destructor
 then joins its worker thread, which may be waiting for the GIL to finish the last collective: the process hangs after
-its work is done (pytorch issue 56297's pattern, seen in CI). Here destroying the default process group fails the run
+its work is done (pytorch/pytorch#56297, seen in CI). Here destroying the default process group fails the run
 if a DDP, FSDP2 or DeepSpeed wrapper still exists then, reachable or only garbage not yet collected (the check itself
 collects nothing: a collection here would hide a teardown that does not collect).
 """
