@@ -52,23 +52,23 @@ def scaling_is_identity(rope_scaling: str, factor: float, length: int, train_len
     return factor == 1.0
 
 
-def read_data(options: EvalOptions) -> tuple[list[str], list[str] | None]:
-    """The documents of `--data`, and those of `--needle-data` when a needle test runs on it (else None); refuses
-    files that cannot be read and data without a document."""
+def read_documents(flag: str, files: list[str], text_field: str) -> list[str]:
+    """The documents of the files a flag names; refuses files that cannot be read and data without a document."""
     try:
-        texts = read_texts(options.data, options.text_field)
+        texts = read_texts(files, text_field)
     except (OSError, ValueError) as error:
-        raise EvaluationError(f"--data: {error}") from error
+        raise EvaluationError(f"{flag}: {error}") from error
     if not texts:
-        raise EvaluationError(f"--data {' '.join(options.data)}: no non-empty documents")
+        raise EvaluationError(f"{flag} {' '.join(files)}: no non-empty documents")
+    return texts
+
+
+def read_data(options: EvalOptions) -> tuple[list[str], list[str] | None]:
+    """The documents of `--data`, and those of `--needle-data` when a needle test runs on it (else None)."""
+    texts = read_documents("--data", options.data, options.text_field)
     needle_texts = None
     if options.needle_data and options.needles_wanted:
-        try:
-            needle_texts = read_texts(options.needle_data, options.text_field)
-        except (OSError, ValueError) as error:
-            raise EvaluationError(f"--needle-data: {error}") from error
-        if not needle_texts:
-            raise EvaluationError(f"--needle-data {' '.join(options.needle_data)}: no non-empty documents")
+        needle_texts = read_documents("--needle-data", options.needle_data, options.text_field)
     return texts, needle_texts
 
 
