@@ -39,25 +39,56 @@ class PaTHCacheLayer(DynamicLayer):
     # The Householder transforms already applied to the keys cannot be undone.
     is_croppable = False
 
+    # The least room a decode step's buffer grows by (`_with_room`).
+    GROWTH_TOKENS = 256
+
     def __init__(self, **kwargs):
         super().__init__()
         self.conv_state: torch.Tensor | None = None
         self.gate: torch.Tensor | None = None
+        self._room: dict[str, torch.Tensor] = {}  # the buffers `keys` and `values` are views of, by name
 
     def decode_update(
         self, w: torch.Tensor, beta: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A decode step: the new token's Householder transform (`w` `[B, H, D]`, `beta` `[B, H]`) applied to every
-        cached key, then its key and value `[B, H, 1, D]` appended (as `update`); returns the keys and values. The
-        transformed keys are written straight into the grown cache: one pass over it fewer than transforming and then
-        appending."""
+        cached key, then its key and value `[B, H, 1, D]` appended (as `update`); returns the keys and values.
+
+        The keys and values are views of buffers with room to grow (`_with_room`): the transform updates the keys in
+        place and the new token is written after them, so a step copies nothing, where `DynamicLayer.update`'s
+        `torch.cat` copies the whole cache at every token."""
         cached = self.keys.shape[-2]
-        keys = self.keys.new_empty(*self.keys.shape[:2], cached + key_states.shape[-2], self.keys.shape[-1])
-        path_decode_update(self.keys, w, beta, out=keys[:, :, :cached])
-        keys[:, :, cached:] = key_states
-        self.keys = keys
-        self.values = torch.cat([self.values, value_states], dim=-2)
+        keys, moved = self._with_room("keys", self.keys)
+        path_decode_update(self.keys, w, beta, out=keys[:, :, :cached])  # in place, or into a new buffer
+        values, moved = self._with_room("values", self.values)
+        if moved:
+            values[:, :, :cached] = self.values
+        keys[:, :, cached : cached + 1] = key_states
+        values[:, :, cached : cached + 1] = value_states
+        self.keys, self.values = keys[:, :, : cached + 1], values[:, :, : cached + 1]
         return self.keys, self.values
+
+    def _with_room(self, name: str, cached: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """The buffer `[B, H, capacity, D]` that holds `cached` `[B, H, S, D]` in its first S slots with room for one
+        more token, and whether it is new (then `cached` must still be written into it). `cached` is a view of the
+        buffer when the last decode step left it so, and anything that replaced it since (a prefill's `update`,
+        `reorder_cache`, a move to another device) makes a new one, a quarter larger than `cached` (at least
+        `GROWTH_TOKENS` slots more), so its copy is paid once every S / 4 steps rather than at every step."""
+        buffer = self._room.get(name)
+        length = cached.shape[-2]
+        if (
+            buffer is not None
+            and buffer.data_ptr() == cached.data_ptr()
+            and buffer.stride() == cached.stride()
+            and buffer.shape[:2] == cached.shape[:2]
+            and buffer.dtype == cached.dtype
+            and buffer.device == cached.device
+            and buffer.shape[-2] > length
+        ):
+            return buffer, False
+        capacity = length + max(self.GROWTH_TOKENS, length // 4)
+        self._room[name] = buffer = cached.new_empty(*cached.shape[:2], capacity, cached.shape[-1])
+        return buffer, True
 
     def replace_keys(self, keys: torch.Tensor) -> None:
         """Set the transformed keys `[B, H, S, D]` of all S cached tokens (a chunked prefill recomputes them)."""
@@ -88,6 +119,7 @@ class PaTHCacheLayer(DynamicLayer):
     def reset(self) -> None:
         super().reset()
         self.conv_state = self.gate = None
+        self._room.clear()
 
     def crop(self, tokens_to_remove: int) -> None:
         _refuse_crop(tokens_to_remove)

@@ -29,11 +29,17 @@ def path_decode_update(
         The updated keys `[B, H, S, D]` in keys' dtype (the algebra runs in at least fp32): `out` when given.
     """
     dtype = torch.promote_types(keys.dtype, torch.float32)
-    k, w = keys.to(dtype), w.to(dtype).unsqueeze(2)
-    # two passes over the cache: the products w . k, then k - (beta w . k) w in one op (addcmul)
-    scaled = (k * w).sum(-1, keepdim=True) * beta.to(dtype)[..., None, None]
-    differentiable = torch.is_grad_enabled() and (k.requires_grad or scaled.requires_grad or w.requires_grad)
-    if out is not None and out.dtype == dtype and not differentiable:  # elementwise: `out` may alias `keys`
+    k = keys if keys.dtype == dtype else keys.to(dtype)
+    w = w.to(dtype).unsqueeze(2)  # [B, H, 1, D]
+    # Two passes over the cache: the products beta (w . k), then k - (beta w . k) w in one op. The first is a
+    # matrix-vector product with the vector as a transposed row: on CPU 2-4x faster than `(k * w).sum(-1)`, which
+    # writes and reads a temporary as large as the cache, and than a contiguous `[B, H, D, 1]` (a slower bmm).
+    scaled = k @ (w * beta.to(dtype)[..., None, None]).transpose(-1, -2)
+    if (
+        out is not None
+        and out.dtype == dtype
+        and not (torch.is_grad_enabled() and (k.requires_grad or scaled.requires_grad))
+    ):  # elementwise: `out` may alias `keys`
         return torch.addcmul(k, scaled, w, value=-1, out=out)
     updated = torch.addcmul(k, scaled, w, value=-1).to(keys.dtype)
     return updated if out is None else out.copy_(updated)

@@ -5,6 +5,7 @@ import torch
 from transformers import CompileConfig, DynamicCache, LlamaConfig, StaticCache
 
 from path_hf import PaTHCacheLayer, PaTHStaticCacheLayer
+from path_hf.ops import path_decode_update
 from tests.models.tiny_models import TINY, random_tokens, tiny_model
 
 VARIANTS = {
@@ -194,3 +195,44 @@ def test_cache_layer_gate_and_batch_bookkeeping():
     layer.batch_select_indices(torch.tensor([0, 3]))
     for name, before in states.items():
         torch.testing.assert_close(getattr(layer, name), before[[1, 1]])
+
+
+@pytest.mark.parametrize("num_beams", [1, 3], ids=["greedy", "beam3"])
+def test_generation_with_buffers_that_fill_equals_recompute(monkeypatch, num_beams):
+    """Decode steps write into buffers with room to grow; with room for a token or two at a time they fill and are
+    replaced every other step, and beams replace them too: generation still equals recomputing every step."""
+    monkeypatch.setattr(PaTHCacheLayer, "GROWTH_TOKENS", 1)
+    model = tiny_model(rope_mode="keep")
+    ids, mask = left_padded_batch()
+    kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, num_beams=num_beams)
+    kwargs.update(return_dict_in_generate=True, output_logits=True)
+    cached, recomputed = (model.generate(ids, use_cache=use_cache, **kwargs) for use_cache in (True, False))
+    torch.testing.assert_close(cached.sequences, recomputed.sequences, rtol=0, atol=0)
+    for step_cached, step_recomputed in zip(cached.logits, recomputed.logits, strict=True):
+        torch.testing.assert_close(step_cached, step_recomputed, rtol=1e-4, atol=1e-4)
+
+
+def test_decode_update_writes_in_place_until_the_buffer_is_full(monkeypatch):
+    """`PaTHCacheLayer.decode_update` keeps the keys and values of `path_decode_update` and `torch.cat` (what it
+    replaces), in the same storage from step to step until that storage is full."""
+    monkeypatch.setattr(PaTHCacheLayer, "GROWTH_TOKENS", 3)
+    B, H, D = 2, 3, 8
+    layer = PaTHCacheLayer()
+    keys, values = torch.randn(B, H, 5, D), torch.randn(B, H, 5, D)
+    layer.update(keys.clone(), values.clone())
+    previous = None  # (storage address, capacity in tokens, length) before the step
+    for _ in range(14):
+        w = torch.nn.functional.normalize(torch.randn(B, H, D), dim=-1)
+        beta, new_key, new_value = 2 * torch.rand(B, H), torch.randn(B, H, 1, D), torch.randn(B, H, 1, D)
+        keys = torch.cat([path_decode_update(keys, w, beta), new_key], dim=-2)
+        values = torch.cat([values, new_value], dim=-2)
+        out_keys, out_values = layer.decode_update(w, beta, new_key, new_value)
+        torch.testing.assert_close(out_keys, keys)
+        torch.testing.assert_close(out_values, values, rtol=0, atol=0)
+        assert out_keys is layer.keys and out_values is layer.values
+        capacity = layer.keys.untyped_storage().nbytes() // (B * H * D * layer.keys.element_size())
+        assert capacity >= layer.keys.shape[-2]
+        if previous is not None:
+            address, previous_capacity, previous_length = previous
+            assert (layer.keys.data_ptr() == address) == (previous_capacity > previous_length)
+        previous = (layer.keys.data_ptr(), capacity, layer.keys.shape[-2])
