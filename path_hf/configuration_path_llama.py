@@ -259,9 +259,12 @@ class PaTHLlamaConfig(LlamaConfig):
         `DynamicCache(config)` builds a `PaTHCacheLayer` for each PaTH layer and a `LocalCacheLayer` for each local
         one from it, which is how `generate` gets the right cache without being told.
         """
+        # Each field read once (a config's attribute access costs microseconds, and the model reads this per forward).
         rope_type = LOCAL_LAYER_TYPE if self.local_window is not None else "full_attention"
+        path_layers = self.path_layers
+        path_layers = None if path_layers is None else set(path_layers)
         return [
-            PATH_LAYER_TYPE if self.is_path_layer(layer_idx) else rope_type
+            PATH_LAYER_TYPE if path_layers is None or layer_idx in path_layers else rope_type
             for layer_idx in range(self.num_hidden_layers)
         ]
 

@@ -34,7 +34,7 @@ def path_decode_update(
     # Two passes over the cache: the products beta (w . k), then k - (beta w . k) w in one op. The first is a
     # matrix-vector product with the vector as a transposed row: on CPU 2-4x faster than `(k * w).sum(-1)`, which
     # writes and reads a temporary as large as the cache, and than a contiguous `[B, H, D, 1]` (a slower bmm).
-    scaled = k @ (w * beta.to(dtype)[..., None, None]).transpose(-1, -2)
+    scaled = k @ (w * beta.to(dtype).view(*beta.shape, 1, 1)).mT
     if (
         out is not None
         and out.dtype == dtype
