@@ -13,9 +13,11 @@ Both models are randomly initialised from one LlamaConfig (PaTH adds its own fie
 `generate(do_sample=False)` with no EOS, so every run makes exactly N new tokens. Each model runs with the default
 dynamic cache, with `cache_implementation="static"`, and with the static cache and its decode step compiled
 (`torch.compile` through generate's `compile_config`; the first call, a warm-up, compiles). Decode tokens/s counts
-the N - 1 tokens after the first: (N - 1) / (time of generate(N) - time of generate(1)), so prompt prefill drops
-out. Medians of --reps runs after one warm-up, in one process, the rows' repetitions alternating; ratios are to
-Llama with the dynamic cache (what `generate` does by default). Prints a Markdown table, writes JSON to bench/out/.
+the N - 1 tokens after the first, timed inside generate(N) from the first token's logits to the last one's (a logits
+processor stamps each step), so the prompt's prefill, which at long prompts swings more than the whole decode, drops
+out; the JSON also keeps (N - 1) / (time of generate(N) - time of generate(1)). Medians of --reps runs after one
+warm-up, in one process, the rows' repetitions alternating; ratios are to Llama with the dynamic cache (what `generate`
+does by default). Prints a Markdown table, writes JSON to bench/out/.
 """
 
 from __future__ import annotations
@@ -28,7 +30,14 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import (
+    CompileConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+)
 
 from path_hf import PaTHLlamaConfig, PaTHLlamaForCausalLM
 from path_hf.configuration_path_llama import ROPE_MODES
@@ -82,26 +91,52 @@ def load_models(source: Path, converted: Path) -> dict[str, PreTrainedModel]:
     return models
 
 
-def generate_seconds(model: PreTrainedModel, prompt: torch.Tensor, new_tokens: int, kwargs: dict) -> float:
+class StepClock(LogitsProcessor):
+    """Stamps the time of each generation step: generate calls it once per new token, after that token's forward."""
+
+    def __init__(self):
+        self.stamps: list[float] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.stamps.append(time.perf_counter())
+        return scores
+
+
+def generate_seconds(
+    model: PreTrainedModel, prompt: torch.Tensor, new_tokens: int, kwargs: dict
+) -> tuple[float, float | None]:
+    """The seconds of generate(new_tokens), and of its decode steps alone: from the first token's logits to the last
+    one's (None for a single token)."""
+    clock = StepClock()
     start = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **kwargs)
+        out = model.generate(
+            prompt,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            logits_processor=LogitsProcessorList([clock]),
+            **kwargs,
+        )
     elapsed = time.perf_counter() - start
-    assert out.shape[1] == prompt.shape[1] + new_tokens, out.shape
-    return elapsed
+    assert out.shape[1] == prompt.shape[1] + new_tokens and len(clock.stamps) == new_tokens, out.shape
+    return elapsed, clock.stamps[-1] - clock.stamps[0] if new_tokens > 1 else None
 
 
 def measure(
     runs: dict[str, tuple[PreTrainedModel, dict]], prompt: torch.Tensor, new_tokens: int, reps: int
 ) -> dict[str, dict]:
     """Repetitions alternate between the runs (model, generate kwargs), so background load hits them alike."""
-    warmup = {name: generate_seconds(model, prompt, new_tokens, kwargs) for name, (model, kwargs) in runs.items()}
+    warmup = {name: generate_seconds(model, prompt, new_tokens, kwargs)[0] for name, (model, kwargs) in runs.items()}
     full: dict[str, list[float]] = {name: [] for name in runs}
+    decode: dict[str, list[float]] = {name: [] for name in runs}
     first: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(reps):
         for name, (model, kwargs) in runs.items():
-            full[name].append(generate_seconds(model, prompt, new_tokens, kwargs))
-            first[name].append(generate_seconds(model, prompt, 1, kwargs))
+            full_s, decode_s = generate_seconds(model, prompt, new_tokens, kwargs)
+            full[name].append(full_s)
+            decode[name].append(decode_s)
+            first[name].append(generate_seconds(model, prompt, 1, kwargs)[0])
     rows = {}
     for name, (model, _) in runs.items():
         full_s, first_s = statistics.median(full[name]), statistics.median(first[name])
@@ -110,9 +145,11 @@ def measure(
             "warmup_generate_s": warmup[name],
             "generate_s": full_s,
             "prefill_plus_first_token_s": first_s,
-            "decode_tokens_per_s": prompt.shape[0] * (new_tokens - 1) / (full_s - first_s),
+            "decode_tokens_per_s": prompt.shape[0] * (new_tokens - 1) / statistics.median(decode[name]),
+            "decode_tokens_per_s_by_difference": prompt.shape[0] * (new_tokens - 1) / (full_s - first_s),
             "end_to_end_tokens_per_s": prompt.shape[0] * new_tokens / full_s,
             "generate_s_all": full[name],
+            "decode_s_all": decode[name],
             "prefill_plus_first_token_s_all": first[name],
         }
     return rows
