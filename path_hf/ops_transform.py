@@ -26,9 +26,14 @@ A flat file, as `ops.py` explains: a checkpoint's remote code copies it beside t
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 from torch.profiler import record_function
 
 from .ops_inputs import ChunkedInputs, chunk_rows
+
+# The UT transform's triangular solve (`unit_lower_solve`) runs in blocks of this many rows: the inverse of each
+# diagonal block in a few batched products, the rest by block substitution.
+SOLVE_BLOCK = 16
 
 # By default (`default_walk_merges`) the walk runs over merged pairs of chunks for sequences of more than this many
 # chunks, and over the chunks themselves up to it.
@@ -46,11 +51,84 @@ def chunk_householder(
     wb = w * beta[..., None]
     lower = torch.tril(wb @ w.transpose(-1, -2), -1)
     rhs = torch.cat([wb, torch.tril(wb @ k.transpose(-1, -2), -1)], dim=-1)
-    solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)  # the diagonal: ones
+    solved = unit_lower_solve(lower, rhs)
     u, c = solved[..., :D], solved[..., D:]
     k_end = _minus_product(k, c.transpose(-1, -2), w)
     p = _minus_product(torch.eye(D, dtype=w.dtype, device=w.device), w.transpose(-1, -2), u)
     return u, c, k_end, p
+
+
+def unit_lower_solve(lower: torch.Tensor, rhs: torch.Tensor, *, block: int = SOLVE_BLOCK) -> torch.Tensor:
+    """(I + lower)^{-1} rhs, `lower` [..., C, C] strictly lower triangular (what is on and above its diagonal is not
+    read), `rhs` [..., C, R] of the same leading dims: `torch.linalg.solve_triangular(I + lower, rhs, upper=False)`.
+
+    In blocks of `block` rows, where they divide C (else by `solve_triangular` itself): the inverse of each diagonal
+    block as the product (I - L)(I + L^2)(I + L^4)... (exact: L^block = 0), then block substitution in batched
+    products. On CPU `solve_triangular` solves each small matrix on its own; this made the torch backend's forward
+    0.91-0.98x as long at 512-2048 tokens (BENCHMARKS.md). Backward is written out, from the same blocks."""
+    block = min(block, lower.shape[-1])
+    if lower.shape[-1] % block:
+        return torch.linalg.solve_triangular(lower.tril(-1), rhs, upper=False, unitriangular=True)
+    return _UnitLowerSolve.apply(lower, rhs, block)
+
+
+def _diagonal_inverses(lower: torch.Tensor, block: int) -> torch.Tensor:
+    """(I + L_ii)^{-1} of the diagonal `block` x `block` blocks of `lower` [M, C, C]: [M, C // block, block, block]."""
+    M, C = lower.shape[0], lower.shape[-1]
+    n = C // block
+    diagonal = torch.diagonal(lower.view(M, n, block, n, block), dim1=1, dim2=3).permute(0, 3, 1, 2)
+    power = diagonal.tril(-1).reshape(M * n, block, block)
+    inverse = torch.eye(block, dtype=lower.dtype, device=lower.device) - power
+    reached = 2  # inverse = (I - L)(I + L^2)...(I + L^(reached / 2)): every power of L below `reached`
+    while reached < block:
+        power = torch.bmm(power, power)
+        inverse = torch.baddbmm(inverse, inverse, power)
+        reached *= 2
+    return inverse.view(M, n, block, block)
+
+
+def _block_substitution(
+    lower: torch.Tensor, rhs: torch.Tensor, inverses: torch.Tensor, transpose: bool
+) -> torch.Tensor:
+    """(I + L)^{-1} rhs, or (I + L)^{-T} rhs with `transpose`, for L the strict lower part of `lower` [M, C, C], rhs
+    [M, C, R], from the diagonal blocks' inverses (`_diagonal_inverses`)."""
+    n, block = inverses.shape[1], inverses.shape[-1]
+    out = torch.empty_like(rhs)
+    for i in reversed(range(n)) if transpose else range(n):
+        rows = slice(i * block, (i + 1) * block)
+        r = rhs[:, rows]
+        if transpose and i < n - 1:  # rows below: L^T's block row i, the solved rows after it
+            after = slice((i + 1) * block, None)
+            r = torch.baddbmm(r, lower[:, after, rows].mT, out[:, after], alpha=-1)
+        elif not transpose and i:
+            before = slice(0, i * block)
+            r = torch.baddbmm(r, lower[:, rows, before], out[:, before], alpha=-1)
+        out[:, rows] = torch.bmm(inverses[:, i].mT if transpose else inverses[:, i], r)
+    return out
+
+
+class _UnitLowerSolve(torch.autograd.Function):
+    """`unit_lower_solve` in blocks, with its backward: for X = (I + L)^{-1} R, dR = (I + L)^{-T} dX and
+    dL = -tril(dR X^T, -1)."""
+
+    @staticmethod
+    def forward(ctx, lower: torch.Tensor, rhs: torch.Tensor, block: int) -> torch.Tensor:
+        batch, C = lower.shape[:-2], lower.shape[-1]
+        flat_lower, flat_rhs = lower.reshape(-1, C, C), rhs.reshape(-1, C, rhs.shape[-1])
+        inverses = _diagonal_inverses(flat_lower, block)
+        x = _block_substitution(flat_lower, flat_rhs, inverses, transpose=False)
+        ctx.save_for_backward(flat_lower, inverses, x)
+        ctx.batch = batch
+        return x.view(*batch, C, rhs.shape[-1])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        flat_lower, inverses, x = ctx.saved_tensors
+        C = flat_lower.shape[-1]
+        d_rhs = _block_substitution(flat_lower, dx.reshape(x.shape), inverses, transpose=True)
+        d_lower = torch.tril(d_rhs @ x.mT, -1).neg_()
+        return d_lower.view(*ctx.batch, C, C), d_rhs.view(*ctx.batch, C, x.shape[-1]), None
 
 
 def _minus_product(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -129,4 +207,12 @@ def merge_chunks(
         return merged, merged_q, merged_logits, merged_k, p_b @ p_a
 
 
-__all__ = ["MERGE_ABOVE", "chunk_householder", "default_walk_merges", "intra_chunk", "merge_chunks"]
+__all__ = [
+    "MERGE_ABOVE",
+    "SOLVE_BLOCK",
+    "chunk_householder",
+    "default_walk_merges",
+    "intra_chunk",
+    "merge_chunks",
+    "unit_lower_solve",
+]

@@ -485,6 +485,29 @@ def test_walk_over_merged_chunks_vs_reference(merges, cu_seqlens):
         assert_close(f"d{name}", ref_grads[name], grads[name], 1e-10)
 
 
+@pytest.mark.parametrize(
+    ("C", "block"),
+    [(64, 16), (64, 64), (32, 8), (12, 16), (24, 16), (1, 16)],
+    ids=["64-blocks16", "64-one-block", "32-blocks8", "12-one-block", "24-fallback", "1"],
+)
+def test_unit_lower_solve_matches_solve_triangular(C: int, block: int):
+    """The UT transform's blocked solve against torch's triangular solve, forward and both gradients (float64), with
+    garbage on and above the diagonal, which it must not read."""
+    torch.manual_seed(C)
+    strict = (0.4 * torch.randn(2, 3, C, C, dtype=torch.float64)).tril(-1)
+    lower = (strict + torch.randn(C, C, dtype=torch.float64).triu()).requires_grad_()
+    rhs = torch.randn(2, 3, C, 5, dtype=torch.float64, requires_grad=True)
+    expected = torch.linalg.solve_triangular(torch.eye(C, dtype=torch.float64) + lower.tril(-1), rhs, upper=False)
+    solved = ops_transform.unit_lower_solve(lower, rhs, block=block)
+    assert_close("x", expected, solved, 1e-12)
+    dx = torch.randn_like(solved)
+    expected_grads = torch.autograd.grad(expected, (lower, rhs), dx)
+    grads = torch.autograd.grad(solved, (lower, rhs), dx)
+    assert_close("d_lower", expected_grads[0], grads[0], 1e-12)
+    assert_close("d_rhs", expected_grads[1], grads[1], 1e-12)
+    assert not grads[0].triu().any()
+
+
 def test_walk_merges_rule():
     above = ops_transform.MERGE_ABOVE * 64
     merges = ops_transform.default_walk_merges
